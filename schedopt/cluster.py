@@ -1,0 +1,202 @@
+"""The data-parallel cluster and its all-reduce cost model (alpha-beta).
+
+Ring all-reduce of S bytes on n ranks takes
+
+    t(S) = call_s + 2(n-1)·alpha + 2(n-1)/n · S / bandwidth
+
+where ``bandwidth`` is the per-rank bus bandwidth and ``alpha`` the latency of
+one step. The tree algorithm (NCCL's double binary tree) pays
+``2·ceil(log2 n)`` latency steps instead of ``2(n-1)`` and keeps the same
+bandwidth term. One rank needs no communication: t(S) = 0.
+
+One collective runs at a time per communicator (NCCL and gloo serialize the
+collectives of a process group), so the network is one FIFO channel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Iterable, Literal
+
+import numpy as np
+
+from .errors import SchedoptError, UnitError
+from .units import parse_bandwidth, parse_duration
+
+__all__ = ["Cluster", "PRESETS", "calibrate"]
+
+Algorithm = Literal["ring", "tree"]
+
+#: Per-rank bus bandwidth, per-step latency and per-call overhead of common networks.
+#: Latencies are typical one-way figures for the fabric with NCCL/gloo on top.
+PRESETS: dict[str, dict[str, float]] = {
+    "10gbe": {"bandwidth_Bps": 10e9 / 8, "latency_s": 25e-6, "call_s": 10e-6},
+    "25gbe": {"bandwidth_Bps": 25e9 / 8, "latency_s": 20e-6, "call_s": 10e-6},
+    "100gbe": {"bandwidth_Bps": 100e9 / 8, "latency_s": 10e-6, "call_s": 8e-6},
+    "ib-hdr": {"bandwidth_Bps": 200e9 / 8, "latency_s": 5e-6, "call_s": 6e-6},
+    "nvlink": {"bandwidth_Bps": 300e9, "latency_s": 2e-6, "call_s": 5e-6},
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Ranks and the network that joins them.
+
+    Args:
+        world_size: number of data-parallel ranks (>= 1).
+        bandwidth_Bps: per-rank bus bandwidth in bytes per second.
+        latency_s: alpha, the latency of one all-reduce step.
+        algorithm: ``ring`` (default) or ``tree``.
+        call_s: fixed overhead of issuing one collective.
+        name: the preset this came from, or ``custom``.
+
+    Example:
+        >>> Cluster.preset("10gbe", world_size=8).allreduce_s(25 * 2**20) > 0.03
+        True
+    """
+
+    world_size: int
+    bandwidth_Bps: float
+    latency_s: float = 0.0
+    algorithm: Algorithm = "ring"
+    call_s: float = 0.0
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
+            raise SchedoptError(f"world_size must be an integer >= 1, got {self.world_size!r}")
+        if not (isinstance(self.bandwidth_Bps, (int, float)) and self.bandwidth_Bps > 0
+                and math.isfinite(self.bandwidth_Bps)):
+            raise UnitError(f"bandwidth_Bps must be a positive number, got {self.bandwidth_Bps!r}")
+        for field in ("latency_s", "call_s"):
+            value = getattr(self, field)
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                raise UnitError(f"{field} must be a number >= 0, got {value!r}")
+        if self.algorithm not in ("ring", "tree"):
+            raise SchedoptError(f"unknown all-reduce algorithm {self.algorithm!r}; valid: ring, tree")
+
+    @classmethod
+    def preset(cls, name: str, *, world_size: int, **overrides: Any) -> Cluster:
+        """Return the cluster of a named network (``10gbe``, ``100gbe``, ``nvlink``, ...)."""
+        key = name.lower()
+        if key not in PRESETS:
+            raise SchedoptError(f"unknown network {name!r}; valid: {', '.join(PRESETS)}")
+        return cls(world_size=world_size, name=key, **{**PRESETS[key], **overrides})
+
+    @classmethod
+    def from_strings(
+        cls,
+        *,
+        world_size: int,
+        bandwidth: str,
+        latency: str = "0us",
+        call: str = "0us",
+        algorithm: Algorithm = "ring",
+    ) -> Cluster:
+        """Build a cluster from quantities with units (``10Gbps``, ``20us``)."""
+        return cls(
+            world_size=world_size,
+            bandwidth_Bps=parse_bandwidth(bandwidth),
+            latency_s=parse_duration(latency),
+            call_s=parse_duration(call),
+            algorithm=algorithm,
+        )
+
+    @property
+    def num_latency_steps(self) -> int:
+        """Number of alpha terms one all-reduce pays."""
+        n = self.world_size
+        if n == 1:
+            return 0
+        if self.algorithm == "ring":
+            return 2 * (n - 1)
+        return 2 * math.ceil(math.log2(n))
+
+    @property
+    def fixed_s(self) -> float:
+        """The size-independent part of one all-reduce: call overhead plus latency steps."""
+        if self.world_size == 1:
+            return 0.0
+        return self.call_s + self.num_latency_steps * self.latency_s
+
+    @property
+    def seconds_per_byte(self) -> float:
+        """The size-dependent part of one all-reduce, per byte (beta)."""
+        n = self.world_size
+        return 2.0 * (n - 1) / n / self.bandwidth_Bps
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """Return the time of one all-reduce of ``nbytes`` bytes."""
+        if self.world_size == 1:
+            return 0.0
+        return self.fixed_s + self.seconds_per_byte * nbytes
+
+    def with_world_size(self, world_size: int) -> Cluster:
+        """Return the same network with another number of ranks."""
+        return replace(self, world_size=world_size)
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form used inside plans."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cluster:
+        """Rebuild a cluster from :meth:`to_json` output."""
+        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name"}
+        if not isinstance(data, dict) or "world_size" not in data or "bandwidth_Bps" not in data:
+            raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def describe(self) -> str:
+        """Return a one-line human description."""
+        from .units import format_bandwidth, format_duration
+
+        return (
+            f"{self.world_size} ranks, {format_bandwidth(self.bandwidth_Bps)} ({self.name}), "
+            f"alpha {format_duration(self.latency_s)}, {self.algorithm}"
+        )
+
+
+def calibrate(
+    sizes_bytes: Iterable[float],
+    times_s: Iterable[float],
+    *,
+    world_size: int,
+    algorithm: Algorithm = "ring",
+    name: str = "calibrated",
+) -> Cluster:
+    """Fit alpha and bandwidth to a measured all-reduce sweep by least squares.
+
+    Steps:
+        1. Fit ``t = a + b·S`` over the measurements (ordinary least squares).
+        2. Bandwidth from the slope: ``b = 2(n-1)/n / bandwidth``.
+        3. Alpha from the intercept: ``a = steps·alpha`` (the per-call overhead
+           cannot be told apart from alpha by a size sweep, so it is folded in).
+
+    Raises:
+        SchedoptError: fewer than two distinct sizes, one rank, or a fit with a
+            non-positive slope (the measurements do not grow with size).
+    """
+    sizes = np.asarray(list(sizes_bytes), dtype=float)
+    times = np.asarray(list(times_s), dtype=float)
+    if sizes.shape != times.shape:
+        raise SchedoptError(f"calibrate needs one time per size, got {sizes.size} sizes and {times.size} times")
+    if np.unique(sizes).size < 2:
+        raise SchedoptError("calibrate needs measurements at two or more distinct sizes")
+    if world_size < 2:
+        raise SchedoptError("calibrate needs world_size >= 2 (one rank does not communicate)")
+    design = np.column_stack([np.ones_like(sizes), sizes])
+    (intercept, slope), *_ = np.linalg.lstsq(design, times, rcond=None)
+    if slope <= 0:
+        raise SchedoptError(f"calibrate: time does not grow with size (slope {slope:.3g} s/B)")
+    probe = Cluster(world_size=world_size, bandwidth_Bps=1.0, algorithm=algorithm)
+    bandwidth_Bps = 2.0 * (world_size - 1) / world_size / slope
+    latency_s = max(float(intercept), 0.0) / probe.num_latency_steps
+    return Cluster(
+        world_size=world_size,
+        bandwidth_Bps=float(bandwidth_Bps),
+        latency_s=latency_s,
+        algorithm=algorithm,
+        name=name,
+    )

@@ -1,0 +1,41 @@
+"""The exceptions schedopt raises; the CLI turns each into one line and exit status 2."""
+
+from __future__ import annotations
+
+__all__ = [
+    "SchedoptError",
+    "UnitError",
+    "InvalidGraphError",
+    "GraphImportError",
+    "InvalidPlanError",
+    "PlanMismatchError",
+    "SolverError",
+]
+
+
+class SchedoptError(Exception):
+    """Base class of every error schedopt raises on purpose."""
+
+
+class UnitError(SchedoptError, ValueError):
+    """A quantity such as ``10Gbps`` or ``20us`` could not be parsed."""
+
+
+class InvalidGraphError(SchedoptError, ValueError):
+    """A training graph breaks an invariant (cycle, missing grad op, ...)."""
+
+
+class GraphImportError(SchedoptError):
+    """A model or graph file could not be read or traced."""
+
+
+class InvalidPlanError(SchedoptError, ValueError):
+    """A plan is malformed or does not fit the graph it is applied to."""
+
+
+class PlanMismatchError(InvalidPlanError):
+    """A plan was made for another model (fingerprints differ)."""
+
+
+class SolverError(SchedoptError):
+    """A solver name is unknown, or a solver was given options it refuses."""

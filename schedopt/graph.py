@@ -1,0 +1,423 @@
+"""The training graph: one training iteration as a DAG of ops, plus its parameters.
+
+A :class:`TrainGraph` holds
+
+- ``ops``: op id -> :class:`Op`, in source order (a topological order),
+- ``params``: parameter name -> :class:`Param`, in ``named_parameters()`` order,
+- ``dag``: the networkx ``DiGraph`` of data dependencies between op ids.
+
+Example:
+    >>> g = TrainGraph(
+    ...     name="one-layer",
+    ...     ops=[Op(id="fc", kind="linear", phase="forward", duration_s=1e-3, reads=("w",)),
+    ...          Op(id="fc.grad_weight", kind="linear.backward_weight", phase="backward",
+    ...             duration_s=1e-3, grads=("w",))],
+    ...     edges=[("fc", "fc.grad_weight")],
+    ...     params=[Param(name="w", shape=(4, 4), grad_op="fc.grad_weight")],
+    ... )
+    >>> g.params["w"].nbytes
+    64
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import networkx as nx
+
+from .errors import GraphImportError, InvalidGraphError
+from .io import read_json, write_json_atomic
+
+__all__ = [
+    "Op",
+    "Param",
+    "TrainGraph",
+    "PHASES",
+    "DTYPE_SIZES",
+    "GRAPH_SCHEMA",
+    "params_fingerprint",
+    "validate",
+]
+
+GRAPH_SCHEMA = "schedopt.graph/1"
+
+Phase = Literal["forward", "backward", "optimizer"]
+PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
+_PHASE_RANK = {phase: rank for rank, phase in enumerate(PHASES)}
+
+#: Bytes per element, keyed by the dtype name torch prints without ``torch.``.
+DTYPE_SIZES: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "complex64": 8,
+    "complex128": 16,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One op of the training iteration.
+
+    ``reads`` names the parameters the op reads; ``grads`` the parameters whose
+    full gradient exists once the op ends.
+    """
+
+    id: str
+    kind: str
+    phase: Phase
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    duration_s: float = 0.0
+    reads: tuple[str, ...] = ()
+    grads: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads", tuple(self.reads))
+        object.__setattr__(self, "grads", tuple(self.grads))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id,
+            "kind": self.kind,
+            "phase": self.phase,
+            "flops": self.flops,
+            "bytes_moved": self.bytes_moved,
+            "duration_s": self.duration_s,
+        }
+        if self.reads:
+            data["reads"] = list(self.reads)
+        if self.grads:
+            data["grads"] = list(self.grads)
+        return data
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Param:
+    """One trainable parameter; ``grad_op`` is the op after which its full gradient exists."""
+
+    name: str
+    shape: tuple[int, ...]
+    grad_op: str
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "nbytes": self.nbytes,
+            "grad_op": self.grad_op,
+        }
+
+
+def _sha256(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def params_fingerprint(entries: Iterable[tuple[str, Sequence[int], str]]) -> str:
+    """Hash ``(name, shape, dtype)`` triples in order; the runtime computes it from a live model.
+
+    Example:
+        >>> params_fingerprint([("w", (4, 4), "float32")]).startswith("sha256:")
+        True
+    """
+    return _sha256([[name, [int(d) for d in shape], str(dtype)] for name, shape, dtype in entries])
+
+
+@dataclass(slots=True, kw_only=True)
+class _Totals:
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+class TrainGraph:
+    """One training iteration: ops, their dependencies and the trainable parameters.
+
+    Args:
+        name: model name, shown in plans and reports.
+        ops: the ops in source order (the order the framework would run them).
+        edges: ``(before, after)`` data dependencies between op ids.
+        params: the trainable parameters in ``named_parameters()`` order.
+        meta: free-form provenance (importer, device, batch size, ...).
+        check: run :func:`validate` (default). Turn off only in code that
+            validates itself later.
+
+    Raises:
+        InvalidGraphError: an invariant does not hold (see :func:`validate`).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        ops: Iterable[Op],
+        edges: Iterable[tuple[str, str]],
+        params: Iterable[Param],
+        meta: Mapping[str, Any] | None = None,
+        check: bool = True,
+    ) -> None:
+        self.name = name
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.ops: dict[str, Op] = {}
+        for op in ops:
+            if op.id in self.ops:
+                raise InvalidGraphError(f"duplicate op id {op.id!r}")
+            self.ops[op.id] = op
+        self.params: dict[str, Param] = {}
+        for param in params:
+            if param.name in self.params:
+                raise InvalidGraphError(f"duplicate parameter {param.name!r}")
+            self.params[param.name] = param
+        self.dag = nx.DiGraph()
+        self.dag.add_nodes_from(self.ops)
+        for before, after in edges:
+            for end in (before, after):
+                if end not in self.ops:
+                    raise InvalidGraphError(f"edge ({before!r}, {after!r}) names unknown op {end!r}")
+            self.dag.add_edge(before, after)
+        if check:
+            validate(self)
+
+    def __repr__(self) -> str:
+        return f"TrainGraph({self.name!r}, {len(self.ops)} ops, {len(self.params)} params)"
+
+    # ----------------------------------------------------------------- queries
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        """Op id -> position in source order."""
+        return {op_id: i for i, op_id in enumerate(self.ops)}
+
+    @cached_property
+    def totals(self) -> _Totals:
+        """Summed op durations per phase."""
+        totals = _Totals()
+        for op in self.ops.values():
+            name = f"{op.phase}_s"
+            setattr(totals, name, getattr(totals, name) + op.duration_s)
+        return totals
+
+    @cached_property
+    def grad_ops(self) -> frozenset[str]:
+        """The ids of the ops that finish at least one gradient."""
+        return frozenset(p.grad_op for p in self.params.values())
+
+    def ops_in(self, phase: Phase) -> list[str]:
+        """Return the ids of the ops of one phase, in source order."""
+        return [op_id for op_id, op in self.ops.items() if op.phase == phase]
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(p.nbytes for p in self.params.values())
+
+    # -------------------------------------------------------------- identity
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of the parameters (names, shapes, dtypes) and the op structure.
+
+        Durations, FLOPs and bytes are left out, so profiling a graph keeps
+        its plans valid; op ids, kinds, phases, reads, grads and edges are in.
+        """
+        return _sha256(
+            {
+                "params": [[p.name, list(p.shape), p.dtype, p.grad_op] for p in self.params.values()],
+                "ops": sorted(
+                    [op.id, op.kind, op.phase, sorted(op.reads), sorted(op.grads)]
+                    for op in self.ops.values()
+                ),
+                "edges": sorted([u, v] for u, v in self.dag.edges),
+            }
+        )
+
+    @cached_property
+    def params_fingerprint(self) -> str:
+        """Hash of parameter names, shapes and dtypes only (what a live model can show)."""
+        return params_fingerprint((p.name, p.shape, p.dtype) for p in self.params.values())
+
+    # ------------------------------------------------------------- rewriting
+
+    def with_durations(self, durations_s: Mapping[str, float], *, meta: Mapping[str, Any] | None = None) -> TrainGraph:
+        """Return a copy whose ops listed in ``durations_s`` take those times (profiled costs)."""
+        unknown = sorted(set(durations_s) - set(self.ops))
+        if unknown:
+            raise InvalidGraphError(f"durations given for unknown ops: {', '.join(unknown[:5])}")
+        ops = [
+            Op(**{**_op_fields(op), "duration_s": float(durations_s[op.id])}) if op.id in durations_s else op
+            for op in self.ops.values()
+        ]
+        return TrainGraph(
+            name=self.name,
+            ops=ops,
+            edges=self.dag.edges,
+            params=self.params.values(),
+            meta={**self.meta, **(meta or {})},
+        )
+
+    # ------------------------------------------------------------------ JSON
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": GRAPH_SCHEMA,
+            "name": self.name,
+            "fingerprint": self.fingerprint,
+            "meta": self.meta,
+            "params": [p.to_json() for p in self.params.values()],
+            "ops": [op.to_json() for op in self.ops.values()],
+            "edges": [[u, v] for u, v in self.dag.edges],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> TrainGraph:
+        """Rebuild a graph from :meth:`to_json` output.
+
+        Raises:
+            InvalidGraphError: the schema is unknown, a field is missing or
+                has the wrong type, or an invariant does not hold.
+        """
+        if not isinstance(data, dict):
+            raise InvalidGraphError(f"a graph must be a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != GRAPH_SCHEMA:
+            raise InvalidGraphError(f"unknown graph schema {schema!r}; expected {GRAPH_SCHEMA!r}")
+        try:
+            params = [
+                Param(name=p["name"], shape=tuple(p["shape"]), dtype=p.get("dtype", "float32"), grad_op=p["grad_op"])
+                for p in data["params"]
+            ]
+            ops = [
+                Op(
+                    id=o["id"],
+                    kind=o["kind"],
+                    phase=o["phase"],
+                    flops=float(o.get("flops", 0.0)),
+                    bytes_moved=float(o.get("bytes_moved", 0.0)),
+                    duration_s=float(o.get("duration_s", 0.0)),
+                    reads=tuple(o.get("reads", ())),
+                    grads=tuple(o.get("grads", ())),
+                )
+                for o in data["ops"]
+            ]
+            edges = [(str(u), str(v)) for u, v in data["edges"]]
+        except KeyError as exc:
+            raise InvalidGraphError(f"graph JSON lacks field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            raise InvalidGraphError(f"graph JSON has a malformed entry: {exc}") from None
+        return cls(name=str(data.get("name", "model")), ops=ops, edges=edges, params=params, meta=data.get("meta"))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the graph as JSON (atomically)."""
+        write_json_atomic(path, self.to_json(), indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> TrainGraph:
+        """Read a graph written by :meth:`save`.
+
+        Raises:
+            GraphImportError: the file is missing or is not JSON.
+            InvalidGraphError: the JSON is not a valid graph.
+        """
+        return cls.from_json(read_json(path, what="graph", error=GraphImportError))
+
+
+def _op_fields(op: Op) -> dict[str, Any]:
+    return {name: getattr(op, name) for name in Op.__dataclass_fields__}
+
+
+def validate(graph: TrainGraph) -> None:
+    """Check the invariants of a training graph.
+
+    1. The dependency graph is acyclic and never runs back in phase
+       (no backward -> forward or optimizer -> backward edge).
+    2. Phases are known; durations, FLOPs and bytes are finite and >= 0.
+    3. Every ``reads``/``grads`` name is a parameter.
+    4. Every parameter has exactly one grad op: ``grad_op`` exists, is a
+       backward op, lists the parameter in its ``grads``, and no other op does.
+    5. Shapes are non-negative and dtypes known.
+
+    Raises:
+        InvalidGraphError: naming the first violated invariant.
+    """
+    # 1. acyclic, phases forward-only
+    if not nx.is_directed_acyclic_graph(graph.dag):
+        cycle = nx.find_cycle(graph.dag)
+        path = " -> ".join([u for u, _ in cycle] + [cycle[-1][1]])
+        raise InvalidGraphError(f"the graph has a cycle: {path}")
+    for op in graph.ops.values():
+        # 2. phases and numbers
+        if op.phase not in _PHASE_RANK:
+            raise InvalidGraphError(f"op {op.id!r} has unknown phase {op.phase!r}; valid: {', '.join(PHASES)}")
+        for name in ("duration_s", "flops", "bytes_moved"):
+            value = getattr(op, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise InvalidGraphError(f"op {op.id!r} has {name} = {value!r}; expected a finite number >= 0")
+        # 3. names are parameters
+        for name in (*op.reads, *op.grads):
+            if name not in graph.params:
+                raise InvalidGraphError(f"op {op.id!r} names {name!r}, which is not a trainable parameter")
+    for before, after in graph.dag.edges:
+        if _PHASE_RANK[graph.ops[before].phase] > _PHASE_RANK[graph.ops[after].phase]:
+            raise InvalidGraphError(
+                f"edge {before!r} -> {after!r} runs from phase {graph.ops[before].phase} "
+                f"back to {graph.ops[after].phase}"
+            )
+    # 4. exactly one grad op per parameter
+    finishers: dict[str, list[str]] = {}
+    for op in graph.ops.values():
+        for name in op.grads:
+            finishers.setdefault(name, []).append(op.id)
+    for param in graph.params.values():
+        grad_op = graph.ops.get(param.grad_op)
+        if grad_op is None:
+            raise InvalidGraphError(f"parameter {param.name!r} has grad_op {param.grad_op!r}, which is not an op")
+        if grad_op.phase != "backward":
+            raise InvalidGraphError(
+                f"parameter {param.name!r} has grad_op {param.grad_op!r} in phase {grad_op.phase}; expected backward"
+            )
+        ops_listing = finishers.get(param.name, [])
+        if ops_listing != [param.grad_op]:
+            raise InvalidGraphError(
+                f"parameter {param.name!r} must be finished by exactly one op ({param.grad_op!r}); "
+                f"ops listing it in grads: {ops_listing or 'none'}"
+            )
+        # 5. shapes and dtypes
+        if any(d < 0 for d in param.shape):
+            raise InvalidGraphError(f"parameter {param.name!r} has a negative dimension in shape {param.shape}")
+        if param.dtype not in DTYPE_SIZES:
+            raise InvalidGraphError(
+                f"parameter {param.name!r} has unknown dtype {param.dtype!r}; valid: {', '.join(DTYPE_SIZES)}"
+            )
+

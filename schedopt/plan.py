@@ -1,0 +1,310 @@
+"""The plan: an op order and gradient buckets, as versioned JSON.
+
+A plan is data. ``buckets`` is in collective order: every rank issues bucket
+k's collective (or its chunks, in order) before bucket k+1's. A bucket's
+parameters are laid out in its flat buffer in the order listed; with
+``chunks = c`` the buffer is cut into c nearly equal slices of whole elements,
+and a chunk is issued once every gradient that overlaps it is ready and the
+previous chunk was issued.
+
+Loading a plan never executes code: it is JSON only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+from .cluster import Cluster
+from .errors import InvalidPlanError, PlanMismatchError, SchedoptError
+from .graph import TrainGraph
+from .io import read_json, write_json_atomic
+from .problem import MODES, Problem
+
+__all__ = [
+    "PLAN_SCHEMA",
+    "Bucket",
+    "ModelRef",
+    "SolverInfo",
+    "Prediction",
+    "Plan",
+    "validate",
+    "chunk_bounds",
+]
+
+PLAN_SCHEMA = "schedopt.plan/1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bucket:
+    """Parameters whose gradients travel in one collective (or ``chunks`` pieces)."""
+
+    params: tuple[str, ...]
+    chunks: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(self.params))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"params": list(self.params), "chunks": self.chunks}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelRef:
+    """Which model a plan was made for."""
+
+    name: str
+    fingerprint: str
+    params_fingerprint: str
+    num_params: int
+
+    @classmethod
+    def of(cls, graph: TrainGraph) -> ModelRef:
+        return cls(
+            name=graph.name,
+            fingerprint=graph.fingerprint,
+            params_fingerprint=graph.params_fingerprint,
+            num_params=len(graph.params),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolverInfo:
+    """How a plan was found. ``bound_s`` is the solver's proven bound, if it has one."""
+
+    name: str
+    status: str = "HEURISTIC"
+    solve_time_s: float = 0.0
+    objective_s: float | None = None
+    bound_s: float | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> float | None:
+        """Relative gap between objective and proven bound, or None without a bound."""
+        if self.objective_s is None or self.bound_s is None or self.objective_s <= 0:
+            return None
+        return max(self.objective_s - self.bound_s, 0.0) / self.objective_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """What the simulator predicts for a plan (seconds per iteration)."""
+
+    iteration_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    lower_bound_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """An op order and gradient buckets for one model, cluster and mode."""
+
+    model: ModelRef
+    cluster: Cluster
+    mode: str
+    order: tuple[str, ...]
+    buckets: tuple[Bucket, ...]
+    solver: SolverInfo
+    predicted: Prediction | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", tuple(self.order))
+        object.__setattr__(self, "buckets", tuple(self.buckets))
+
+    @classmethod
+    def for_problem(
+        cls,
+        problem: Problem,
+        *,
+        order: Sequence[str],
+        buckets: Iterable[Bucket | Sequence[str]],
+        solver: SolverInfo,
+    ) -> Plan:
+        """Return a plan for ``problem``; plain name lists become one-chunk buckets."""
+        return cls(
+            model=ModelRef.of(problem.graph),
+            cluster=problem.cluster,
+            mode=problem.mode,
+            order=tuple(order),
+            buckets=tuple(b if isinstance(b, Bucket) else Bucket(params=tuple(b)) for b in buckets),
+            solver=solver,
+        )
+
+    # ------------------------------------------------------------------ JSON
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "schema": PLAN_SCHEMA,
+            "model": {
+                "name": self.model.name,
+                "fingerprint": self.model.fingerprint,
+                "params_fingerprint": self.model.params_fingerprint,
+                "num_params": self.model.num_params,
+            },
+            "cluster": self.cluster.to_json(),
+            "mode": self.mode,
+            "order": list(self.order),
+            "buckets": [b.to_json() for b in self.buckets],
+            "solver": {
+                "name": self.solver.name,
+                "status": self.solver.status,
+                "solve_time_s": self.solver.solve_time_s,
+                "objective_s": self.solver.objective_s,
+                "bound_s": self.solver.bound_s,
+                "gap": self.solver.gap,
+                "options": dict(self.solver.options),
+            },
+            "predicted": None,
+        }
+        if self.predicted is not None:
+            p = self.predicted
+            data["predicted"] = {
+                "iteration_s": p.iteration_s,
+                "compute_s": p.compute_s,
+                "comm_s": p.comm_s,
+                "exposed_comm_s": p.exposed_comm_s,
+                "lower_bound_s": p.lower_bound_s,
+            }
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> Plan:
+        """Rebuild a plan from :meth:`to_json` output.
+
+        Raises:
+            InvalidPlanError: unknown schema version, missing or malformed field.
+        """
+        if not isinstance(data, dict):
+            raise InvalidPlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        schema = data.get("schema")
+        if schema != PLAN_SCHEMA:
+            raise InvalidPlanError(f"unsupported plan schema {schema!r}; this schedopt reads {PLAN_SCHEMA!r}")
+        try:
+            model, solver = data["model"], data["solver"]
+            predicted = data.get("predicted")
+            return cls(
+                model=ModelRef(
+                    name=str(model["name"]),
+                    fingerprint=str(model["fingerprint"]),
+                    params_fingerprint=str(model["params_fingerprint"]),
+                    num_params=int(model["num_params"]),
+                ),
+                cluster=Cluster.from_json(data["cluster"]),
+                mode=str(data["mode"]),
+                order=tuple(str(o) for o in data["order"]),
+                buckets=tuple(
+                    Bucket(params=tuple(str(p) for p in b["params"]), chunks=b.get("chunks", 1))
+                    for b in data["buckets"]
+                ),
+                solver=SolverInfo(
+                    name=str(solver["name"]),
+                    status=str(solver.get("status", "UNKNOWN")),
+                    solve_time_s=float(solver.get("solve_time_s", 0.0)),
+                    objective_s=_opt_float(solver.get("objective_s")),
+                    bound_s=_opt_float(solver.get("bound_s")),
+                    options=dict(solver.get("options") or {}),
+                ),
+                predicted=None if predicted is None else Prediction(
+                    **{k: float(predicted[k]) for k in Prediction.__dataclass_fields__}
+                ),
+            )
+        except KeyError as exc:
+            raise InvalidPlanError(f"plan JSON lacks field {exc.args[0]!r}") from None
+        except InvalidPlanError:
+            raise
+        except (SchedoptError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidPlanError(f"plan JSON has a malformed entry: {exc}") from None
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON (atomically)."""
+        write_json_atomic(path, self.to_json())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """Read a plan written by :meth:`save` (JSON only; nothing is executed)."""
+        return cls.from_json(read_json(path, what="plan", error=InvalidPlanError))
+
+    def with_prediction(self, predicted: Prediction) -> Plan:
+        return replace(self, predicted=predicted)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def chunk_bounds(numel: int, chunks: int) -> list[tuple[int, int]]:
+    """Return the ``[start, end)`` element ranges of ``chunks`` nearly equal slices of ``numel`` elements.
+
+    Example:
+        >>> chunk_bounds(10, 3)
+        [(0, 3), (3, 6), (6, 10)]
+    """
+    return [(numel * j // chunks, numel * (j + 1) // chunks) for j in range(chunks)]
+
+
+def validate(plan: Plan, graph: TrainGraph) -> None:
+    """Check that ``plan`` applies to ``graph``.
+
+    1. The plan was made for this graph (fingerprint) and a known mode.
+    2. The order runs every op exactly once and respects every dependency.
+    3. Every parameter is in exactly one bucket; buckets are non-empty, hold
+       one dtype, and have between 1 and (bucket elements) chunks.
+
+    Raises:
+        PlanMismatchError: the fingerprints differ.
+        InvalidPlanError: naming the first other problem found.
+    """
+    # 1. identity and mode
+    if plan.model.fingerprint != graph.fingerprint:
+        raise PlanMismatchError(
+            f"plan was made for model {plan.model.name!r} ({plan.model.fingerprint[:19]}...), "
+            f"but the graph is {graph.name!r} ({graph.fingerprint[:19]}...)"
+        )
+    if plan.mode not in MODES:
+        raise InvalidPlanError(f"plan has unknown mode {plan.mode!r}; valid: {', '.join(MODES)}")
+    # 2. order
+    position: dict[str, int] = {}
+    for i, op_id in enumerate(plan.order):
+        if op_id not in graph.ops:
+            raise InvalidPlanError(f"order names unknown op {op_id!r}")
+        if op_id in position:
+            raise InvalidPlanError(f"order runs op {op_id!r} twice (positions {position[op_id]} and {i})")
+        position[op_id] = i
+    missing = [op_id for op_id in graph.ops if op_id not in position]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise InvalidPlanError(f"order lacks op(s) {', '.join(map(repr, missing[:3]))}{more}")
+    for before, after in graph.dag.edges:
+        if position[before] > position[after]:
+            raise InvalidPlanError(
+                f"order breaks a dependency: {after!r} (position {position[after]}) runs before "
+                f"{before!r} (position {position[before]}), which it depends on"
+            )
+    # 3. buckets
+    home: dict[str, int] = {}
+    for k, bucket in enumerate(plan.buckets):
+        if not bucket.params:
+            raise InvalidPlanError(f"bucket {k} is empty")
+        dtypes = set()
+        for name in bucket.params:
+            if name not in graph.params:
+                raise InvalidPlanError(f"bucket {k} names unknown parameter {name!r}")
+            if name in home:
+                raise InvalidPlanError(f"parameter {name!r} is in two buckets ({home[name]} and {k})")
+            home[name] = k
+            dtypes.add(graph.params[name].dtype)
+        if len(dtypes) > 1:
+            raise InvalidPlanError(f"bucket {k} mixes dtypes {sorted(dtypes)}; a flat buffer holds one dtype")
+        numel = sum(graph.params[name].numel for name in bucket.params)
+        if not isinstance(bucket.chunks, int) or isinstance(bucket.chunks, bool) or not 1 <= bucket.chunks <= max(numel, 1):
+            raise InvalidPlanError(
+                f"bucket {k} has chunks = {bucket.chunks!r}; expected an integer from 1 to {max(numel, 1)}"
+            )
+    unbucketed = [name for name in graph.params if name not in home]
+    if unbucketed:
+        more = f" and {len(unbucketed) - 3} more" if len(unbucketed) > 3 else ""
+        raise InvalidPlanError(f"parameter(s) {', '.join(map(repr, unbucketed[:3]))}{more} are in no bucket")

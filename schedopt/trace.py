@@ -1,0 +1,99 @@
+"""Export a timeline as a Chrome trace (chrome://tracing, Perfetto) or a Gantt chart."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .io import write_json_atomic
+from .simulate import Timeline
+from .units import format_duration
+
+__all__ = ["chrome_trace", "write_chrome_trace", "write_gantt"]
+
+_TRACKS = {"compute": 1, "comm": 2}
+_TRACK_NAMES = {"compute": "compute stream", "comm": "network (all-reduce)"}
+
+
+def chrome_trace(timeline: Timeline, *, name: str = "schedopt") -> dict[str, Any]:
+    """Return the Trace Event Format dict: complete ("X") events in microseconds, one thread per track."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": name}},
+    ]
+    for track, tid in _TRACKS.items():
+        events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": _TRACK_NAMES[track]}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": 1, "tid": tid, "args": {"sort_index": tid}})
+    for e in timeline.events:
+        args: dict[str, Any] = {"step": e.step}
+        if e.bucket is not None:
+            args["bucket"] = e.bucket
+        events.append({
+            "name": e.name,
+            "cat": e.category or e.track,
+            "ph": "X",
+            "pid": 1,
+            "tid": _TRACKS[e.track],
+            "ts": e.start_s * 1e6,
+            "dur": (e.end_s - e.start_s) * 1e6,
+            "args": args,
+        })
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "mode": timeline.mode,
+            "iteration_s": timeline.iteration_s,
+            "lower_bound_s": timeline.lower_bound_s,
+            "exposed_comm_s": timeline.exposed_comm_s,
+        },
+    }
+
+
+def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str], *, name: str = "schedopt") -> None:
+    """Write :func:`chrome_trace` to ``path`` (atomically)."""
+    write_json_atomic(path, chrome_trace(timeline, name=name), indent=None)
+
+
+_COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "wait": "#DDDDDD"}
+_COMM_COLORS = ("#8172B3", "#C44E52")
+
+
+def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:
+    """Draw the compute and network tracks as a Gantt chart PNG (needs the ``viz`` extra: matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        from .errors import SchedoptError
+
+        raise SchedoptError("drawing a Gantt chart needs matplotlib: pip install 'schedopt[viz]'") from exc
+    from pathlib import Path
+
+    scale, unit = (1e3, "ms")
+    fig, ax = plt.subplots(figsize=(14, 3.2))
+    rows = {"compute": 1.0, "comm": 0.0}
+    for e in timeline.events:
+        if e.track == "compute":
+            color = _COLORS.get(e.category, "#999999")
+        else:
+            color = _COMM_COLORS[(e.bucket or 0) % 2]
+        ax.broken_barh([(e.start_s * scale, max(e.duration_s * scale, 1e-9))], (rows[e.track] - 0.4, 0.8),
+                       facecolors=color, edgecolor="none")
+    ax.set_yticks([1.0, 0.0], ["compute", "network"])
+    ax.set_xlabel(f"time ({unit})")
+    summary = (f"{timeline.mode}: iteration {format_duration(timeline.iteration_s)}, "
+               f"lower bound {format_duration(timeline.lower_bound_s)}, "
+               f"exposed comm {format_duration(timeline.exposed_comm_s)}")
+    ax.set_title(f"{title}  —  {summary}" if title else summary, fontsize=10)
+    handles = [Patch(color=c, label=k) for k, c in _COLORS.items()]
+    handles.append(Patch(color=_COMM_COLORS[0], label="all-reduce (alternate buckets)"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,77 @@
+"""The solver registry: every scheduling strategy, baselines included, by name.
+
+A solver is a plain function ``(problem, *, time_limit_s=None, seed=0,
+**options) -> Plan``. :func:`register` records it; the registered callable
+checks the options against the solver's signature, times the solve, checks
+the returned plan with :func:`schedopt.plan.validate` and attaches the
+simulator's prediction, so every plan leaving the registry is complete.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from schedopt.errors import SolverError
+from schedopt.plan import Plan, validate
+from schedopt.problem import Problem
+from schedopt.simulate import simulate
+
+__all__ = ["SOLVERS", "register", "get", "SolverFn"]
+
+SolverFn = Callable[..., Plan]
+
+#: Registered solvers by name, in registration order.
+SOLVERS: dict[str, SolverFn] = {}
+
+
+def register(name: str) -> Callable[[SolverFn], SolverFn]:
+    """Register a solver function under ``name``.
+
+    Example:
+        >>> @register("my-solver")  # doctest: +SKIP
+        ... def solve_mine(problem, *, time_limit_s=None, seed=0): ...
+    """
+
+    def decorate(fn: SolverFn) -> SolverFn:
+        if name in SOLVERS:
+            raise ValueError(f"solver {name!r} is already registered")
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(problem: Problem, **options: Any) -> Plan:
+            try:
+                signature.bind(problem, **options)
+            except TypeError:
+                valid = [p for p in signature.parameters if p != "problem"]
+                unknown = sorted(set(options) - set(valid))
+                raise SolverError(
+                    f"solver {name!r} has no option {', '.join(map(repr, unknown))}; options: {', '.join(valid)}"
+                ) from None
+            started = time.perf_counter()
+            plan = fn(problem, **options)
+            elapsed = time.perf_counter() - started
+            validate(plan, problem.graph)
+            if not plan.solver.solve_time_s:
+                plan = replace(plan, solver=replace(plan.solver, solve_time_s=elapsed))
+            return plan.with_prediction(simulate(problem, plan).prediction())
+
+        SOLVERS[name] = run
+        return run
+
+    return decorate
+
+
+def get(name: str) -> SolverFn:
+    """Return the registered solver ``name``.
+
+    Raises:
+        SolverError: no solver has that name; the message lists the valid ones.
+    """
+    try:
+        return SOLVERS[name]
+    except KeyError:
+        raise SolverError(f"unknown solver {name!r}; valid: {', '.join(SOLVERS)}") from None
