@@ -169,7 +169,9 @@ def calibrate(
     """Fit alpha and bandwidth to a measured all-reduce sweep by least squares.
 
     Steps:
-        1. Fit ``t = a + b·S`` over the measurements (ordinary least squares).
+        1. Fit ``t = a + b·S`` by least squares on relative residuals (each
+           row weighted by 1/t): timing noise is multiplicative, and an
+           unweighted fit lets the largest sizes drown the intercept.
         2. Bandwidth from the slope: ``b = 2(n-1)/n / bandwidth``.
         3. Alpha from the intercept: ``a = steps·alpha`` (the per-call overhead
            cannot be told apart from alpha by a size sweep, so it is folded in).
@@ -186,8 +188,11 @@ def calibrate(
         raise SchedoptError("calibrate needs measurements at two or more distinct sizes")
     if world_size < 2:
         raise SchedoptError("calibrate needs world_size >= 2 (one rank does not communicate)")
-    design = np.column_stack([np.ones_like(sizes), sizes])
-    (intercept, slope), *_ = np.linalg.lstsq(design, times, rcond=None)
+    if np.any(times <= 0):
+        raise SchedoptError("calibrate needs positive times")
+    weights = 1.0 / times
+    design = np.column_stack([np.ones_like(sizes), sizes]) * weights[:, None]
+    (intercept, slope), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
     if slope <= 0:
         raise SchedoptError(f"calibrate: time does not grow with size (slope {slope:.3g} s/B)")
     probe = Cluster(world_size=world_size, bandwidth_Bps=1.0, algorithm=algorithm)

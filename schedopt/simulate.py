@@ -317,7 +317,7 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
     channel_free = 0.0
     done_prev: dict[int, float] = {}  # bucket -> end of its collective in the previous step
     step_ends: list[float] = []
-    history: list[tuple[dict[str, float], dict[str, float], dict[str, float]]] = []  # (ready, reached, synced)
+    history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []  # (ready, reached, synced)
 
     def apply(k: int, step: int) -> None:
         nonlocal t
@@ -332,11 +332,12 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
 
     for step in range(_MAX_STEPS):
         end: dict[str, float] = {}
-        reached: dict[str, float] = {}  # when the stream reached each bucket's first reader
+        reached: dict[int, float] = {}  # bucket -> when the stream reached its first reader
         for op_id in compute_ops:
-            if step > 0:
-                for k in needs.get(op_id, ()):
-                    reached[f"bucket{k}"] = t
+            if step > 0 and op_id in needs:
+                arrived = t
+                for k in needs[op_id]:
+                    reached[k] = arrived
                     apply(k, step)
             op = graph.ops[op_id]
             events.append(Event(track="compute", name=op_id, start_s=t, end_s=t + op.duration_s,
@@ -344,8 +345,9 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
             t += op.duration_s
             end[op_id] = t
         if step > 0:
+            arrived = t
             for k in unread:
-                reached[f"bucket{k}"] = t
+                reached[k] = arrived
                 apply(k, step)
         step_ends.append(t)
         ready = {name: end[p.grad_op] for name, p in graph.params.items()}
@@ -366,7 +368,7 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
     ready, _, synced = history[-2]
     _, reached_next, _ = history[-1]
     windows = {
-        name: Window(ready_s=ready[name], deadline_s=reached_next[f"bucket{home[name]}"], synced_s=synced[name])
+        name: Window(ready_s=ready[name], deadline_s=reached_next[home[name]], synced_s=synced[name])
         for name in graph.params
     }
     compute = _compute_total(graph)

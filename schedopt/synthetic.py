@@ -164,3 +164,24 @@ GENERATORS = {
     "branches": branches,
     "transformer_like": transformer_like,
 }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write a synthetic graph: ``python -m schedopt.synthetic transformer_like 12 -o graph.json``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m schedopt.synthetic", description=main.__doc__)
+    parser.add_argument("generator", choices=sorted(GENERATORS))
+    parser.add_argument("size", nargs="?", type=int, help="layers (chain, transformer_like) or branches")
+    parser.add_argument("--device", default="a100")
+    parser.add_argument("-o", "--output", required=True)
+    args = parser.parse_args(argv)
+    make = GENERATORS[args.generator]
+    graph = make(device=args.device) if args.size is None else make(args.size, device=args.device)
+    graph.save(args.output)
+    print(f"{graph.name}: {len(graph.ops)} ops, {len(graph.params)} params -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+# schedopt: `make demo` runs the main job, `make test` the whole suite.
+# `make setup` creates .venv and installs everything; it reruns only when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+OUT    := out
+
+.PHONY: setup test demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+	# torch==2.13.0 is the CPU wheel on this machine's disk; any other spec pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,viz,dev]'
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -n 2 --timeout=300
+
+demo: setup
+	mkdir -p $(OUT)
+	$(PY) -m schedopt.synthetic transformer_like 12 -o $(OUT)/graph.json
+	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver pytorch-ddp --network 100gbe --world-size 8 -o $(OUT)/plan.json
+	$(VENV)/bin/schedopt simulate $(OUT)/plan.json $(OUT)/graph.json --trace $(OUT)/trace.json --gantt $(OUT)/gantt.png
+	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 100gbe --world-size 8
+
+clean:
+	rm -rf $(OUT) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,329 @@
+"""The ``schedopt`` command line.
+
+Every command reports bad input with one line on stderr and exit status 2.
+Subcommands import the solvers only when they need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator, NoReturn, Sequence
+
+from .cluster import PRESETS, Cluster
+from .errors import SchedoptError
+from .io import write_json_atomic, write_text_atomic
+from .load import load_model
+from .plan import Plan
+from .problem import MODES, Problem
+from .units import format_bandwidth, format_duration, format_size, parse_bandwidth, parse_duration
+
+__all__ = ["main"]
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except SchedoptError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    group = parser.add_argument_group("cluster")
+    group.add_argument("--world-size", type=_positive_int, default=8 if defaults else None,
+                       help="number of data-parallel ranks" + (" (default 8)" if defaults else ""))
+    group.add_argument("--network", choices=sorted(PRESETS), default=None,
+                       help="network preset" + (" (default 10gbe)" if defaults else ""))
+    group.add_argument("--bandwidth", help="per-rank bus bandwidth, e.g. 10Gbps or 1.25GB/s (overrides the preset)")
+    group.add_argument("--latency", help="all-reduce step latency alpha, e.g. 20us (overrides the preset)")
+    group.add_argument("--algorithm", choices=["ring", "tree"], default=None, help="all-reduce algorithm")
+
+
+def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
+    """Build the cluster from the options, starting from ``base`` (a plan's) when given."""
+    if base is None or args.network is not None:
+        base = Cluster.preset(args.network or "10gbe", world_size=args.world_size or (base.world_size if base else 8))
+    overrides: dict[str, Any] = {}
+    if args.world_size is not None:
+        overrides["world_size"] = args.world_size
+    if args.bandwidth is not None:
+        overrides["bandwidth_Bps"] = parse_bandwidth(args.bandwidth)
+    if args.latency is not None:
+        overrides["latency_s"] = parse_duration(args.latency)
+    if args.algorithm is not None:
+        overrides["algorithm"] = args.algorithm
+    if not overrides:
+        return base
+    if "bandwidth_Bps" in overrides or "latency_s" in overrides:
+        overrides["name"] = "custom"
+    return Cluster(**{**base.to_json(), **overrides})
+
+
+def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """Parse ``key=value`` solver options; values are JSON when they parse as JSON, else strings."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SchedoptError(f"bad solver option {pair!r}: expected key=value")
+        try:
+            options[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.replace("-", "_")] = value
+    return options
+
+
+def _solver_list(text: str) -> list[str]:
+    from .solvers import SOLVERS
+
+    if text == "all":
+        return list(SOLVERS)
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise SchedoptError("--solvers needs at least one name, or 'all'")
+    return names
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .solvers import get
+
+    graph = load_model(args.model)
+    solver = get(args.solver)
+    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode)
+    options = _parse_options(args.option)
+    if args.time_limit is not None:
+        options["time_limit_s"] = args.time_limit
+    plan = solver(problem, seed=args.seed, **options)
+    plan.save(args.output)
+    p = plan.predicted
+    assert p is not None
+    print(
+        f"{plan.solver.name} [{plan.solver.status}] on {graph.name}, {problem.cluster.describe()}, {problem.mode}: "
+        f"iteration {format_duration(p.iteration_s)} (lower bound {format_duration(p.lower_bound_s)}, "
+        f"exposed comm {format_duration(p.exposed_comm_s)}), {len(plan.buckets)} buckets -> {args.output}"
+    )
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .simulate import simulate
+    from .trace import write_chrome_trace, write_gantt
+
+    plan = Plan.load(args.plan)
+    graph = load_model(args.model)
+    problem = Problem(graph=graph, cluster=_cluster(args, base=plan.cluster), mode=args.mode or plan.mode)
+    timeline = simulate(problem, plan)
+    if args.trace:
+        write_chrome_trace(timeline, args.trace, name=f"{graph.name} / {plan.solver.name}")
+    if args.gantt:
+        write_gantt(timeline, args.gantt, title=f"{graph.name} / {plan.solver.name}")
+    summary = {
+        "model": graph.name,
+        "solver": plan.solver.name,
+        "mode": timeline.mode,
+        "cluster": problem.cluster.to_json(),
+        "iteration_s": timeline.iteration_s,
+        "compute_s": timeline.compute_s,
+        "comm_s": timeline.comm_s,
+        "exposed_comm_s": timeline.exposed_comm_s,
+        "lower_bound_s": timeline.lower_bound_s,
+        "gap_to_lower_bound": timeline.gap,
+        "num_buckets": len(plan.buckets),
+        "num_steps_simulated": timeline.num_steps,
+        "windows": {name: {"ready_s": w.ready_s, "deadline_s": w.deadline_s, "synced_s": w.synced_s,
+                           "slack_s": w.slack_s} for name, w in timeline.windows.items()},
+    }
+    if args.format == "json":
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"model      {graph.name}  ({len(graph.ops)} ops, {len(graph.params)} params)")
+    print(f"plan       {plan.solver.name} [{plan.solver.status}], {len(plan.buckets)} buckets")
+    print(f"cluster    {problem.cluster.describe()}")
+    print(f"mode       {timeline.mode}")
+    print(f"iteration  {format_duration(timeline.iteration_s)}   lower bound {format_duration(timeline.lower_bound_s)}"
+          f"   gap {timeline.gap * 100:.2f}%")
+    print(f"compute    {format_duration(timeline.compute_s)}   comm {format_duration(timeline.comm_s)}"
+          f"   exposed comm {format_duration(timeline.exposed_comm_s)}")
+    tight = sorted(timeline.windows.items(), key=lambda kv: kv[1].slack_s)[:5]
+    print("tightest windows:")
+    for name, w in tight:
+        print(f"  {name:<40} ready {format_duration(w.ready_s):>9}  deadline {format_duration(w.deadline_s):>9}"
+              f"  slack {format_duration(w.slack_s):>9}  synced {format_duration(w.synced_s):>9}")
+    for label, path in (("trace", args.trace), ("gantt", args.gantt)):
+        if path:
+            print(f"{label:<10} {path}")
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    plan = Plan.load(args.plan)
+    graph = load_model(args.model) if args.model else None
+    if graph is not None:
+        from .plan import validate
+
+        validate(plan, graph)
+    if args.format == "json":
+        print(json.dumps(plan.to_json(), indent=2))
+        return 0
+    s, p = plan.solver, plan.predicted
+    print(f"model      {plan.model.name}  ({plan.model.num_params} params, {plan.model.fingerprint[:23]}...)")
+    print(f"cluster    {plan.cluster.describe()}")
+    print(f"mode       {plan.mode}")
+    gap = f", gap {s.gap * 100:.2f}%" if s.gap is not None else ""
+    print(f"solver     {s.name} [{s.status}] in {format_duration(s.solve_time_s)}{gap}")
+    if p is not None:
+        print(f"predicted  iteration {format_duration(p.iteration_s)}, lower bound {format_duration(p.lower_bound_s)},"
+              f" exposed comm {format_duration(p.exposed_comm_s)}")
+    print(f"order      {len(plan.order)} ops")
+    print(f"buckets    {len(plan.buckets)} ({sum(b.chunks for b in plan.buckets)} collectives)")
+    for k, b in enumerate(plan.buckets):
+        size = ""
+        if graph is not None:
+            size = format_size(sum(graph.params[n].nbytes for n in b.params))
+        first = b.params[0] + (f" .. {b.params[-1]}" if len(b.params) > 1 else "")
+        chunks = f" x{b.chunks}" if b.chunks > 1 else ""
+        print(f"  {k:>3}  {len(b.params):>4} params  {size:>9}{chunks}  {first}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from .report import COLUMNS, compare, format_csv, format_table
+
+    graph = load_model(args.model)
+    names = _solver_list(args.solvers)
+    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode)
+    out = Path(args.out) if args.out else None
+
+    def save(name: str, plan: Plan) -> None:
+        if out is None:
+            return
+        from .simulate import simulate
+        from .trace import write_chrome_trace, write_gantt
+
+        plan.save(out / f"{name}.plan.json")
+        timeline = simulate(problem, plan)
+        write_chrome_trace(timeline, out / f"{name}.trace.json", name=f"{graph.name} / {name}")
+        write_gantt(timeline, out / f"{name}.gantt.png", title=f"{graph.name} / {name}")
+
+    def progress(items: list[str]) -> Iterable[str]:
+        quiet = args.format != "table" or not (sys.stderr.isatty() or args.progress)
+        return items if quiet else _progress_bar(items)
+
+    rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=save)
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif args.format == "csv":
+        sys.stdout.write(format_csv(rows))
+    else:
+        print(f"{graph.name}: {len(graph.ops)} ops, {len(graph.params)} params "
+              f"({format_size(graph.total_param_bytes)}); {problem.cluster.describe()}; {problem.mode}")
+        print(format_table(rows, COLUMNS))
+    if out is not None:
+        write_json_atomic(out / "compare.json", rows)
+        write_text_atomic(out / "compare.csv", format_csv(rows))
+    return 0
+
+
+def _progress_bar(items: list[str]) -> Iterator[str]:
+    from tqdm import tqdm
+
+    with tqdm(items, desc="solvers", unit="solver", file=sys.stderr, leave=False) as bar:
+        for name in bar:
+            bar.set_postfix_str(name)
+            yield name
+
+
+# ------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="schedopt", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("plan", help="solve for an op order and buckets; write plan.json")
+    p.add_argument("model", help="graph JSON")
+    p.add_argument("--solver", required=True, help="solver name (see 'schedopt compare --solvers all')")
+    _add_cluster_options(p, defaults=True)
+    p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--time-limit", type=_duration, default=None, help="solver time limit, e.g. 30 or 30s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
+    p.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
+    p.set_defaults(run=_cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate a plan; write a Chrome trace and a Gantt chart")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("model", help="graph JSON the plan was made for")
+    _add_cluster_options(p, defaults=False)
+    p.add_argument("--mode", choices=MODES, default=None, help="override the plan's mode")
+    p.add_argument("--trace", help="write a Chrome trace (chrome://tracing, Perfetto)")
+    p.add_argument("--gantt", help="write a Gantt chart PNG")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(run=_cmd_simulate)
+
+    p = sub.add_parser("inspect", help="show what a plan holds")
+    p.add_argument("plan", help="plan JSON")
+    p.add_argument("model", nargs="?", help="graph JSON: check the plan against it and show bucket sizes")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.set_defaults(run=_cmd_inspect)
+
+    p = sub.add_parser("compare", help="run several solvers on one model and cluster")
+    p.add_argument("model", help="graph JSON")
+    p.add_argument("--solvers", default="all", help="'all' or a comma-separated list (default all)")
+    _add_cluster_options(p, defaults=True)
+    p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--time-limit", type=_duration, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--out", help="directory for each solver's plan, trace and Gantt chart")
+    p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
+    p.set_defaults(run=_cmd_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except SchedoptError as exc:
+        print(f"schedopt: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("schedopt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly, as Unix tools do.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,134 @@
+"""Compare solvers on one problem and format the results (table, JSON, CSV).
+
+The JSON form of a comparison row is stable; scripts parse it:
+
+========================  =====================================================
+``solver``                registered solver name
+``status``                ``HEURISTIC``, ``OPTIMAL``, ``FEASIBLE``, ...
+``iteration_s``           simulated iteration time of the solver's plan
+``lower_bound_s``         the simulator's lower bound (same for every solver)
+``bound_s``               the solver's own proven bound, or null
+``gap``                   ``(objective - bound) / objective`` from the solver, or null
+``gap_to_lower_bound``    ``(iteration - lower_bound) / iteration``
+``exposed_comm_s``        iteration time not covered by compute
+``comm_s``                time the network is busy per iteration
+``compute_s``             forward + backward + optimizer time
+``num_buckets``           number of buckets (collectives before chunking)
+``solve_time_s``          wall-clock time the solver took
+``speedup_vs_ddp``        ``pytorch-ddp`` iteration time / this iteration time
+========================  =====================================================
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any, Callable, Iterable, Sequence
+
+from .plan import Plan
+from .problem import Problem
+
+__all__ = ["COLUMNS", "compare", "comparison_row", "format_table", "format_csv"]
+
+COLUMNS: tuple[str, ...] = (
+    "solver",
+    "status",
+    "iteration_s",
+    "lower_bound_s",
+    "bound_s",
+    "gap",
+    "gap_to_lower_bound",
+    "exposed_comm_s",
+    "comm_s",
+    "compute_s",
+    "num_buckets",
+    "solve_time_s",
+    "speedup_vs_ddp",
+)
+
+BASELINE = "pytorch-ddp"
+
+
+def comparison_row(plan: Plan, *, baseline_s: float | None) -> dict[str, Any]:
+    """Return the comparison row of one solver's plan (its prediction must be set)."""
+    predicted = plan.predicted
+    assert predicted is not None, "plans from the registry carry a prediction"
+    iteration = predicted.iteration_s
+    return {
+        "solver": plan.solver.name,
+        "status": plan.solver.status,
+        "iteration_s": iteration,
+        "lower_bound_s": predicted.lower_bound_s,
+        "bound_s": plan.solver.bound_s,
+        "gap": plan.solver.gap,
+        "gap_to_lower_bound": (iteration - predicted.lower_bound_s) / iteration if iteration > 0 else 0.0,
+        "exposed_comm_s": predicted.exposed_comm_s,
+        "comm_s": predicted.comm_s,
+        "compute_s": predicted.compute_s,
+        "num_buckets": len(plan.buckets),
+        "solve_time_s": plan.solver.solve_time_s,
+        "speedup_vs_ddp": baseline_s / iteration if baseline_s and iteration > 0 else None,
+    }
+
+
+def compare(
+    problem: Problem,
+    solvers: Sequence[str],
+    *,
+    time_limit_s: float | None = None,
+    seed: int = 0,
+    progress: Callable[[Iterable[str]], Iterable[str]] = lambda names: names,
+    on_plan: Callable[[str, Plan], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run each solver on ``problem`` and return one comparison row per solver.
+
+    ``pytorch-ddp`` always runs (it is the speedup baseline) and is reused
+    when it is also in ``solvers``. ``progress`` wraps the iteration (a tqdm
+    bar in the CLI); ``on_plan`` sees every plan (to save it).
+    """
+    from .solvers import get  # the core reaches solvers only through their public entry point
+
+    runners = {name: get(name) for name in solvers}  # unknown names fail before any work
+    plans: dict[str, Plan] = {}
+    if BASELINE not in runners:
+        plans[BASELINE] = get(BASELINE)(problem, time_limit_s=time_limit_s, seed=seed)
+    for name in progress(list(solvers)):
+        plans[name] = runners[name](problem, time_limit_s=time_limit_s, seed=seed)
+        if on_plan is not None:
+            on_plan(name, plans[name])
+    baseline = plans[BASELINE].predicted.iteration_s  # type: ignore[union-attr]
+    return [comparison_row(plans[name], baseline_s=baseline) for name in solvers]
+
+
+def _cell(value: Any, column: str) -> str:
+    if value is None:
+        return "-"
+    if column.endswith("_s") and isinstance(value, float):
+        return f"{value * 1e3:.3f}"
+    if column in ("gap", "gap_to_lower_bound") and isinstance(value, float):
+        return f"{value * 100:.2f}%"
+    if column == "speedup_vs_ddp":
+        return f"{value:.3f}x"
+    return str(value)
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """Return rows as an aligned text table; seconds are shown in milliseconds."""
+    header = [c.replace("_s", "_ms") if c.endswith("_s") else c for c in columns]
+    cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in cells:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def format_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
+    """Return rows as CSV with a header line; seconds stay in seconds."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in columns})
+    return out.getvalue()

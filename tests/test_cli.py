@@ -1,0 +1,95 @@
+"""The command line: the happy path writes its files; bad input is one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from schedopt.cli import main
+from schedopt.synthetic import diamond, transformer_like
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "graph.json"
+    transformer_like(2).save(path)
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "schedopt", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
+    plan = tmp_path / "out" / "plan.json"
+    assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "--world-size", "16", "--network", "25gbe",
+                 "--mode", "overlap", "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert data["cluster"]["world_size"] == 16 and data["cluster"]["name"] == "25gbe" and data["mode"] == "overlap"
+    trace, gantt = tmp_path / "trace.json", tmp_path / "gantt.png"
+    assert main(["simulate", str(plan), str(graph_file), "--trace", str(trace), "--gantt", str(gantt)]) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["tid"] for e in events if e["ph"] == "X"}
+    assert tracks == {1, 2}  # compute and network on separate tracks
+    assert all(e["dur"] >= 0 and "ts" in e for e in events if e["ph"] == "X")
+    assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main(["simulate", str(plan), str(graph_file), "--format", "json", "--bandwidth", "100Gbps"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["mode"] == "overlap" and summary["cluster"]["bandwidth_Bps"] == pytest.approx(12.5e9)
+    assert summary["lower_bound_s"] <= summary["iteration_s"]
+    assert main(["inspect", str(plan), str(graph_file)]) == 0
+    assert "buckets" in capsys.readouterr().out
+    out_dir = tmp_path / "cmp"
+    assert main(["compare", str(graph_file), "--solvers", "all", "--format", "json", "--out", str(out_dir)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {"solver", "status", "iteration_s", "lower_bound_s", "bound_s", "gap", "exposed_comm_s", "comm_s",
+            "compute_s", "num_buckets", "solve_time_s", "speedup_vs_ddp"} <= set(rows[0])
+    ddp = next(r for r in rows if r["solver"] == "pytorch-ddp")
+    assert ddp["speedup_vs_ddp"] == pytest.approx(1.0)
+    assert (out_dir / "pytorch-ddp.plan.json").exists() and (out_dir / "pytorch-ddp.gantt.png").exists()
+    assert (out_dir / "compare.csv").read_text().startswith("solver,status,iteration_s")
+    assert main(["compare", str(graph_file), "--solvers", "pytorch-ddp", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("solver,")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "{missing}", "--solver", "pytorch-ddp"], "does not exist"),
+    (["plan", "{corrupt}", "--solver", "pytorch-ddp"], "not valid JSON"),
+    (["plan", "{graph}", "--solver", "nope"], "unknown solver 'nope'"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "--bandwidth", "10Gbs"], "unknown unit 'Gbs'"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "--latency", "fast"], "bad duration"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "--world-size", "0"], "expected a number >= 1"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "--option", "bucket_size=3"], "no option 'bucket_size'"),
+    (["plan", "model.onnx", "--solver", "pytorch-ddp"], "expected a graph JSON"),
+    (["simulate", "{plan}", "{other}"], "plan was made for model"),
+    (["simulate", "{corrupt}", "{graph}"], "not valid JSON"),
+    (["inspect", "{graph}"], "unsupported plan schema"),
+    (["compare", "{graph}", "--solvers", "pytorch-ddp,nope"], "unknown solver 'nope'"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, graph_file, args, message):
+    corrupt = tmp_path / "corrupt.json"
+    corrupt.write_text('{"schema": ')
+    other = tmp_path / "other.json"
+    diamond().save(other)
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "-o", str(plan)]) == 0
+    names = {"missing": tmp_path / "missing.json", "corrupt": corrupt, "graph": graph_file, "plan": plan,
+             "other": other}
+    result = run(*[a.format(**names) for a in args])
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_failed_plan_does_not_clobber_an_existing_file(tmp_path, graph_file):
+    plan = tmp_path / "plan.json"
+    plan.write_text("precious")
+    assert run("plan", str(graph_file), "--solver", "nope", "-o", str(plan)).returncode == 2
+    assert plan.read_text() == "precious"

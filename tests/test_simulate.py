@@ -1,0 +1,141 @@
+"""Simulator cases computed by hand, the lower bound, and invariants on random plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedopt import Bucket, Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
+from schedopt.plan import SolverInfo
+
+from .conftest import MS, op, param
+
+
+def make_plan(problem: Problem, order, buckets) -> Plan:
+    return Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name="hand"))
+
+
+def test_chain3_barrier_two_buckets(chain3, two_ranks):
+    """3-op chain, buckets [w2], [w1], barrier mode, t(S) = 1 ms + S/1e9 s.
+
+    compute: fwd 0-1, b2 1-3 (w2 ready 3), b1 3-6 (w1 ready 6)
+    network: bucket0 = w2 (1 MB, 2 ms) 3-5; bucket1 = w1 (2 MB, 3 ms) at max(6, 5) = 6, ends 9
+    barrier at max(6, 9) = 9; optimizer 9-9.5  ->  iteration 9.5 ms
+    compute 1+2+3+0.5 = 6.5 ms; comm 2+3 = 5 ms; exposed 9.5-6.5 = 3 ms
+    windows: w2 [3, 6] slack 3, synced 5; w1 [6, 6] slack 0, synced 9
+    lower bound: T_opt + max(a, b, c) = 0.5 + max(6, 3 + C_all 4, 6 + c(w2) 2) = 8.5 ms
+    """
+    problem = Problem(graph=chain3, cluster=two_ranks, mode="barrier")
+    t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
+    assert t.iteration_s == pytest.approx(9.5 * MS)
+    assert t.compute_s == pytest.approx(6.5 * MS)
+    assert t.comm_s == pytest.approx(5 * MS)
+    assert t.exposed_comm_s == pytest.approx(3 * MS)
+    assert t.lower_bound_s == pytest.approx(8.5 * MS)
+    w1, w2 = t.windows["w1"], t.windows["w2"]
+    assert (w2.ready_s, w2.deadline_s, w2.synced_s) == pytest.approx((3 * MS, 6 * MS, 5 * MS))
+    assert (w1.ready_s, w1.deadline_s, w1.synced_s) == pytest.approx((6 * MS, 6 * MS, 9 * MS))
+    assert w2.slack_s == pytest.approx(3 * MS) and w1.slack_s == pytest.approx(0)
+    comm = [(e.name, e.start_s, e.end_s) for e in t.events if e.track == "comm"]
+    assert comm == [("bucket0", pytest.approx(3 * MS), pytest.approx(5 * MS)),
+                    ("bucket1", pytest.approx(6 * MS), pytest.approx(9 * MS))]
+    opt = next(e for e in t.events if e.name == "opt")
+    assert (opt.start_s, opt.end_s) == pytest.approx((9 * MS, 9.5 * MS))
+
+
+def test_chain3_overlap_two_buckets(chain3, two_ranks):
+    """Same chain and buckets in overlap mode.
+
+    The optimizer (0.5 ms) splits by bytes: bucket0 (w2, 1 MB) 1/6 ms, bucket1 (w1, 2 MB) 1/3 ms.
+    step 0: fwd 0-1, b2 1-3, b1 3-6; network w2 3-5, w1 6-9
+    step 1 (from 6): fwd reads both: update0 6-6.167; wait for bucket1 until 9; update1 9-9.333;
+            fwd 9.333-10.333, b2 -12.333, b1 -15.333
+    The cycle: w1 ready -> 3 ms transfer -> 1/3 update -> fwd 1 -> b2 2 -> b1 3 = 9.333 ms per step.
+    lower bound (overlap): max(T_fwd + T_bwd + T_opt = 6.5, C_all = 4) = 6.5 ms; exposed 2.833 ms.
+    """
+    problem = Problem(graph=chain3, cluster=two_ranks, mode="overlap")
+    t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
+    assert t.iteration_s == pytest.approx((9 + 1 / 3) * MS)
+    assert t.lower_bound_s == pytest.approx(6.5 * MS)
+    assert t.exposed_comm_s == pytest.approx((9 + 1 / 3 - 6.5) * MS)
+    step1 = [(e.name, e.start_s, e.end_s) for e in t.events if e.step == 1 and e.track == "compute"]
+    assert step1 == [
+        ("update[bucket0]", pytest.approx(6 * MS), pytest.approx((6 + 1 / 6) * MS)),
+        ("wait[bucket1]", pytest.approx((6 + 1 / 6) * MS), pytest.approx(9 * MS)),
+        ("update[bucket1]", pytest.approx(9 * MS), pytest.approx((9 + 1 / 3) * MS)),
+        ("fwd", pytest.approx((9 + 1 / 3) * MS), pytest.approx((10 + 1 / 3) * MS)),
+        ("b2", pytest.approx((10 + 1 / 3) * MS), pytest.approx((12 + 1 / 3) * MS)),
+        ("b1", pytest.approx((12 + 1 / 3) * MS), pytest.approx((15 + 1 / 3) * MS)),
+    ]
+    # windows: ready at the end of the grad op, needed when the next step reaches fwd
+    assert t.windows["w1"].slack_s == pytest.approx(0)
+    assert t.windows["w2"].slack_s == pytest.approx(3 * MS)
+
+
+def reordered_graph() -> TrainGraph:
+    """f1 -> f2 -> b2i -> b1, and f2 -> b2w: the weight gradient of layer 2 is off the critical path."""
+    return TrainGraph(
+        name="split-backward",
+        ops=[
+            op("f1", "forward", 1, reads=["w1"]),
+            op("f2", "forward", 1, reads=["w2"]),
+            op("b2i", "backward", 1, reads=["w2"]),
+            op("b2w", "backward", 2, grads=["w2"]),
+            op("b1", "backward", 1, grads=["w1"]),
+        ],
+        edges=[("f1", "f2"), ("f2", "b2i"), ("f2", "b2w"), ("b2i", "b1")],
+        params=[param("w1", 1_000_000, "b1"), param("w2", 2_000_000, "b2w")],
+    )
+
+
+def test_overlap_hides_the_first_layer_when_its_gradient_comes_first(two_ranks):
+    """Order f1 f2 b2i b1 b2w, buckets [w1] then [w2]; t(w1) = 2 ms, t(w2) = 3 ms.
+
+    barrier: b1 ends 4 (w1 ready), b2w ends 6 (w2 ready); network w1 4-6, w2 6-9 -> 9 ms.
+    overlap: step 1 starts at 6; f1 needs w1 (done 6): 6-7; f2 waits for w2 until 9: 9-10;
+             b2i 10-11, b1 11-12, b2w 12-14; w1 12-14, w2 14-17.
+             step 2: f1 14-15, f2 waits until 17 ... b2w ends 22 -> period 22 - 14 = 8 ms
+             (cycle: w2 transfer 3 + f2 1 + b2i 1 + b1 1 + b2w 2).
+    """
+    graph = reordered_graph()
+    order = ["f1", "f2", "b2i", "b1", "b2w"]
+    barrier = Problem(graph=graph, cluster=two_ranks, mode="barrier")
+    overlap = Problem(graph=graph, cluster=two_ranks, mode="overlap")
+    assert simulate(barrier, make_plan(barrier, order, [["w1"], ["w2"]])).iteration_s == pytest.approx(9 * MS)
+    t = simulate(overlap, make_plan(overlap, order, [["w1"], ["w2"]]))
+    assert t.iteration_s == pytest.approx(8 * MS)
+    assert t.lower_bound_s == pytest.approx(6 * MS)  # max(compute 6, C_all 4)
+
+
+def test_chunks_start_when_their_own_gradients_are_ready(chain3, two_ranks):
+    """One bucket [w2, w1] (750k elements) in 3 chunks of 250k elements (1 MB, 2 ms each).
+
+    chunk0 = w2 only: ready 3, runs 3-5; chunk1 and chunk2 are w1: ready 6, run 6-8 and 8-10.
+    barrier at 10, optimizer 10-10.5. One chunk instead: issue at 6, 1 ms + 3 ms -> 10 + 0.5.
+    """
+    problem = Problem(graph=chain3, cluster=two_ranks, mode="barrier")
+    order = ["fwd", "b2", "b1", "opt"]
+    chunked = simulate(problem, make_plan(problem, order, [Bucket(params=("w2", "w1"), chunks=3)]))
+    comm = [(e.name, e.start_s, e.end_s) for e in chunked.events if e.track == "comm"]
+    assert comm == [
+        ("bucket0.chunk0", pytest.approx(3 * MS), pytest.approx(5 * MS)),
+        ("bucket0.chunk1", pytest.approx(6 * MS), pytest.approx(8 * MS)),
+        ("bucket0.chunk2", pytest.approx(8 * MS), pytest.approx(10 * MS)),
+    ]
+    assert chunked.iteration_s == pytest.approx(10.5 * MS)
+    whole = simulate(problem, make_plan(problem, order, [["w2", "w1"]]))
+    assert whole.iteration_s == pytest.approx(10.5 * MS)
+    assert chunked.windows["w2"].synced_s == pytest.approx(5 * MS)
+
+
+def test_one_rank_does_not_communicate(chain3):
+    problem = Problem(graph=chain3, cluster=Cluster(world_size=1, bandwidth_Bps=1e9, latency_s=1.0), mode="barrier")
+    t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w1", "w2"]]))
+    assert t.iteration_s == pytest.approx(6.5 * MS)
+    assert t.comm_s == 0 and t.exposed_comm_s == pytest.approx(0)
+    assert lower_bound(problem) == pytest.approx(6.5 * MS)
+
+
+def test_simulation_is_deterministic(chain3, two_ranks):
+    problem = Problem(graph=chain3, cluster=two_ranks, mode="overlap")
+    plan = make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]])
+    assert simulate(problem, plan) == simulate(problem, plan)

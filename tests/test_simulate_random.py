@@ -1,0 +1,46 @@
+"""Properties of the simulator on random DAGs with random plans (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from schedopt import simulate
+
+from .strategies import problems_and_plans
+
+EPS = 1e-12
+
+
+def assert_no_overlap(events) -> None:
+    for a, b in zip(events, events[1:]):
+        assert a.end_s <= b.start_s + EPS * max(1.0, b.start_s), (a, b)
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems_and_plans())
+def test_lower_bound_never_exceeds_the_simulated_iteration(case):
+    problem, plan = case
+    t = simulate(problem, plan)
+    assert t.lower_bound_s <= t.iteration_s * (1 + 1e-9) + 1e-15
+    assert t.iteration_s >= t.compute_s * (1 - 1e-9) - 1e-15
+    assert t.exposed_comm_s >= 0
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems_and_plans())
+def test_timeline_is_physical(case):
+    """One op at a time on the compute stream, one chunk at a time on the channel, every op once per step."""
+    problem, plan = case
+    t = simulate(problem, plan)
+    for track in ("compute", "comm"):
+        assert_no_overlap(sorted((e for e in t.events if e.track == track), key=lambda e: e.start_s))
+    ops_per_step: dict[int, list[str]] = {}
+    for e in t.events:
+        if e.track == "compute" and e.category in ("forward", "backward"):
+            ops_per_step.setdefault(e.step, []).append(e.name)
+    compute_ops = sorted(o for o, op in problem.graph.ops.items() if op.phase != "optimizer")
+    for names in ops_per_step.values():
+        assert sorted(names) == compute_ops
+    for name, w in t.windows.items():
+        assert w.synced_s >= w.ready_s - EPS
+    assert t == simulate(problem, plan)  # deterministic

@@ -1,0 +1,73 @@
+"""The solver registry and the pytorch-ddp baseline."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedopt import Cluster, Problem, SolverError, simulate
+from schedopt.orders import engine_order, ready_order
+from schedopt.plan import validate
+from schedopt.solvers import SOLVERS, get
+from schedopt.solvers.ddp import ddp_bucket_assignment
+from schedopt.synthetic import branches, chain, diamond, transformer_like
+
+MiB = 1024 * 1024
+
+GRAPHS = [chain(4), diamond(), branches(3), transformer_like(2)]
+
+
+def test_unknown_solver_lists_the_valid_ones():
+    with pytest.raises(SolverError, match=r"unknown solver 'magic'; valid: .*pytorch-ddp"):
+        get("magic")
+
+
+def test_unknown_option_is_a_solver_error(chain3, two_ranks):
+    with pytest.raises(SolverError, match="no option 'bucket_size'.*bucket_cap_mb"):
+        get("pytorch-ddp")(Problem(graph=chain3, cluster=two_ranks), bucket_size=3)
+
+
+@pytest.mark.parametrize("name", list(SOLVERS))
+@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.name)
+@pytest.mark.parametrize("mode", ["barrier", "overlap"])
+def test_every_solver_returns_a_valid_plan_with_a_prediction(name, graph, mode):
+    problem = Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8), mode=mode)
+    plan = get(name)(problem, time_limit_s=5)
+    validate(plan, graph)
+    assert plan.mode == mode and plan.solver.name == name
+    assert plan.predicted == simulate(problem, plan).prediction()
+    assert plan.predicted.lower_bound_s <= plan.predicted.iteration_s * (1 + 1e-9)
+    assert plan.solver.solve_time_s > 0
+
+
+def test_ddp_bucket_boundaries_for_known_sizes():
+    """DDP closes a bucket when it reaches the limit, the crossing tensor included: 1 MiB first, then 25 MiB."""
+    sizes = [400_000, 400_000, 400_000, 10 * MiB, 10 * MiB, 10 * MiB, 30 * MiB, MiB, 2 * MiB]
+    assert ddp_bucket_assignment(sizes, [MiB, 25 * MiB]) == [[0, 1, 2], [3, 4, 5], [6], [7, 8]]
+    # one accumulator per dtype, each with its own limit sequence
+    assert ddp_bucket_assignment([MiB, 10, MiB], [MiB, 25 * MiB], ["float32", "float16", "float32"]) == [
+        [0], [1], [2]]
+    mixed = ddp_bucket_assignment([MiB, 10, 30 * MiB, 20], [MiB, 25 * MiB], ["float32", "float16", "float32", "float16"])
+    assert mixed == [[0], [2], [1, 3]]
+
+
+def test_engine_order_runs_backward_by_highest_sequence_number():
+    """diamond: a -> (b, c -> c2) -> join -> d -> loss; the branch recorded last (c) runs first in backward."""
+    graph = diamond()
+    order = engine_order(graph)
+    assert order[:7] == ["a", "b", "c", "c2", "join", "d", "loss"]
+    backward = [o for o in order if graph.ops[o].phase == "backward"]
+    assert backward.index("c2.grad_input") < backward.index("b.grad_input")
+    assert backward.index("c.grad_weight") < backward.index("b.grad_weight")
+    assert order[-1] == "optimizer.step"
+
+
+def test_ddp_plan_on_gpt_layout_matches_pytorch_rules():
+    graph = transformer_like(12)
+    plan = get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8)))
+    names = ready_order(graph, plan.order)
+    assert [p for b in plan.buckets for p in b.params] == names  # ready order, contiguous
+    sizes = [sum(graph.params[p].nbytes for p in b.params) for b in plan.buckets]
+    assert sizes[0] >= MiB and sizes[0] - graph.params[plan.buckets[0].params[-1]].nbytes < MiB
+    for size, bucket in zip(sizes[1:-1], plan.buckets[1:-1]):
+        assert size >= 25 * MiB and size - graph.params[bucket.params[-1]].nbytes < 25 * MiB
+    assert plan.buckets[-1].params[-1] == "wte.weight"  # the tied embedding is finished last

@@ -1,0 +1,103 @@
+"""Units, the all-reduce cost model, calibration and device rooflines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from schedopt import Cluster, DeviceSpec, SchedoptError, UnitError, calibrate
+from schedopt.units import format_bandwidth, format_duration, format_size, parse_bandwidth, parse_duration, parse_size
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("10Gbps", 1.25e9), ("10 Gbps", 1.25e9), ("100Mbit/s", 12.5e6), ("1.25GB/s", 1.25e9),
+    ("1GiB/s", 2.0**30), ("800bps", 100.0), ("2e9", 2e9), ("25Gb/s", 3.125e9),
+])
+def test_parse_bandwidth(text, expected):
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text, expected", [("20us", 2e-5), ("1.5ms", 1.5e-3), ("2s", 2.0), ("3", 3.0),
+                                            ("500ns", 5e-7), ("7µs", 7e-6)])
+def test_parse_duration(text, expected):
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text, expected", [("25MiB", 25 * 2**20), ("1MB", 10**6), ("4096", 4096)])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("parse, text, message", [
+    (parse_bandwidth, "10Gbs", "unknown unit 'Gbs'"),
+    (parse_bandwidth, "fast", "expected a number"),
+    (parse_bandwidth, "0Gbps", "must be positive"),
+    (parse_bandwidth, "-1GB/s", "must be positive"),
+    (parse_duration, "20 parsecs", "unknown unit"),
+    (parse_duration, "-3ms", "must not be negative"),
+    (parse_duration, "nan ms", "expected a number"),
+    (parse_size, "12 furlongs", "unknown unit"),
+])
+def test_bad_units_raise_unit_error(parse, text, message):
+    with pytest.raises(UnitError, match=message):
+        parse(text)
+
+
+def test_formatting_round_trips_typical_values():
+    assert format_bandwidth(1.25e9) == "10Gbps"
+    assert format_duration(0.0123) == "12.3ms"
+    assert format_size(25 * 2**20) == "25.0MiB"
+
+
+def test_ring_allreduce_formula():
+    c = Cluster(world_size=8, bandwidth_Bps=1e9, latency_s=1e-5, call_s=2e-6)
+    size = 100e6
+    assert c.allreduce_s(size) == pytest.approx(2e-6 + 2 * 7 * 1e-5 + 2 * 7 / 8 * size / 1e9)
+    assert Cluster(world_size=1, bandwidth_Bps=1e9, latency_s=1).allreduce_s(size) == 0.0
+
+
+def test_tree_pays_logarithmic_latency():
+    ring = Cluster(world_size=64, bandwidth_Bps=1e9, latency_s=1e-5)
+    tree = Cluster(world_size=64, bandwidth_Bps=1e9, latency_s=1e-5, algorithm="tree")
+    assert tree.num_latency_steps == 12 and ring.num_latency_steps == 126
+    assert tree.allreduce_s(0) < ring.allreduce_s(0)
+    assert tree.seconds_per_byte == ring.seconds_per_byte
+
+
+def test_presets_and_refusals():
+    c = Cluster.preset("10gbe", world_size=8)
+    assert c.bandwidth_Bps == pytest.approx(1.25e9) and c.name == "10gbe"
+    assert Cluster.preset("NVLink", world_size=4).bandwidth_Bps > Cluster.preset("ib-hdr", world_size=4).bandwidth_Bps
+    with pytest.raises(SchedoptError, match="unknown network 'token-ring'; valid: 10gbe"):
+        Cluster.preset("token-ring", world_size=2)
+    with pytest.raises(SchedoptError, match="world_size"):
+        Cluster(world_size=0, bandwidth_Bps=1e9)
+    with pytest.raises(UnitError, match="bandwidth_Bps"):
+        Cluster(world_size=2, bandwidth_Bps=-1)
+    assert Cluster.from_json(c.to_json()) == c
+    assert Cluster.from_strings(world_size=2, bandwidth="8Gbps", latency="10us").latency_s == pytest.approx(1e-5)
+
+
+def test_calibrate_recovers_alpha_and_bandwidth_from_noisy_measurements():
+    truth = Cluster(world_size=8, bandwidth_Bps=3e9, latency_s=15e-6)
+    sizes = np.geomspace(1e3, 1e9, 25)
+    rng = np.random.default_rng(0)
+    times = np.array([truth.allreduce_s(s) for s in sizes]) * (1 + rng.normal(0, 0.002, sizes.size))
+    fitted = calibrate(sizes, times, world_size=8)
+    assert fitted.bandwidth_Bps == pytest.approx(3e9, rel=0.01)
+    assert fitted.allreduce_s(1e6) == pytest.approx(truth.allreduce_s(1e6), rel=0.02)
+    with pytest.raises(SchedoptError, match="two or more distinct sizes"):
+        calibrate([1e6, 1e6], [1.0, 1.1], world_size=8)
+    with pytest.raises(SchedoptError, match="does not grow"):
+        calibrate([1e3, 1e6], [1.0, 0.5], world_size=8)
+
+
+def test_device_roofline():
+    d = DeviceSpec.preset("a100")
+    assert d.op_time_s(flops=312e12, nbytes=0) == pytest.approx(1 + d.launch_s)
+    assert d.op_time_s(flops=0, nbytes=2e12) == pytest.approx(1 + d.launch_s)
+    assert math.isclose(d.op_time_s(flops=1e9, nbytes=1e9), max(1e9 / 312e12, 1e9 / 2e12) + d.launch_s)
+    with pytest.raises(SchedoptError, match="unknown device 'tpu9'"):
+        DeviceSpec.preset("tpu9")
