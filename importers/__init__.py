@@ -1,7 +1,14 @@
-"""Model front ends (ONNX, torch.fx / AOTAutograd) that build a ``TrainGraph``.
+"""Model front ends: PyTorch modules (aten or module level) and ONNX files -> ``TrainGraph``.
 
-Not written yet (tracked by the importers issue); until then graphs come from
-:mod:`schedopt.synthetic` or from graph JSON files.
+Example:
+    >>> from schedopt.importers import from_torch          # doctest: +SKIP
+    >>> graph = from_torch(model, (x,), level="aten")       # doctest: +SKIP
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from .factory import ModelSpec, load_factory
+from .onnx_graph import from_onnx
+from .pytorch import from_torch
+
+__all__ = ["ModelSpec", "from_onnx", "from_torch", "load_factory"]

@@ -44,7 +44,7 @@ from .cost import DeviceSpec
 from .errors import InvalidGraphError
 from .graph import DTYPE_SIZES, Op, Param, TrainGraph
 
-__all__ = ["ForwardOp", "ParamSpec", "training_graph", "OPTIMIZER_COSTS"]
+__all__ = ["ForwardOp", "ParamSpec", "training_graph", "optimizer_step", "OPTIMIZER_COSTS"]
 
 #: Per-element (FLOPs, bytes per parameter byte) of one optimizer update:
 #: SGD reads p and g and writes p; momentum adds a buffer read and write;
@@ -183,12 +183,9 @@ def training_graph(
 
     # 4. the optimizer step
     if optimizer is not None:
-        flops_per_elem, bytes_factor = OPTIMIZER_COSTS[optimizer]
-        numel = sum(_nbytes(s) / DTYPE_SIZES[s.dtype] for s in params)
-        total = sum(_nbytes(s) for s in params)
-        ops.append(Op(id="optimizer.step", kind=f"optimizer.{optimizer}", phase="optimizer",
-                      reads=tuple(specs), **cost(flops_per_elem * numel, bytes_factor * total)))
-        edges += [(g, "optimizer.step") for g in dict.fromkeys(grad_op.values())]
+        step = optimizer_step(params, optimizer, device)
+        ops.append(step)
+        edges += [(g, step.id) for g in dict.fromkeys(grad_op.values())]
 
     return TrainGraph(
         name=name,
@@ -197,6 +194,18 @@ def training_graph(
         params=[Param(name=s.name, shape=s.shape, dtype=s.dtype, grad_op=grad_op[s.name]) for s in params],
         meta={"device": device.name, "backward": "synthesized", **(meta or {})},
     )
+
+
+def optimizer_step(params: Sequence[ParamSpec], optimizer: str, device: DeviceSpec) -> Op:
+    """Return one fused ``optimizer.step`` op that updates every parameter (costs: :data:`OPTIMIZER_COSTS`)."""
+    if optimizer not in OPTIMIZER_COSTS:
+        raise InvalidGraphError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZER_COSTS)}")
+    flops_per_elem, bytes_factor = OPTIMIZER_COSTS[optimizer]
+    numel = sum(math.prod(s.shape) for s in params)
+    flops, nbytes = flops_per_elem * numel, bytes_factor * sum(_nbytes(s) for s in params)
+    return Op(id="optimizer.step", kind=f"optimizer.{optimizer}", phase="optimizer",
+              reads=tuple(s.name for s in params), flops=flops, bytes_moved=nbytes,
+              duration_s=device.op_time_s(flops=flops, nbytes=nbytes))
 
 
 def _or(value: float | None, default: float) -> float:

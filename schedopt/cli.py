@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
 from .io import write_json_atomic, write_text_atomic
-from .load import load_model
+from .load import ImportOptions, load_model, model_kind
 from .plan import Plan
 from .problem import MODES, Problem
 from .units import format_bandwidth, format_duration, format_size, parse_bandwidth, parse_duration
@@ -47,6 +47,22 @@ def _duration(text: str) -> float:
         return parse_duration(text)
     except SchedoptError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model import (for .onnx and file.py:factory models)")
+    group.add_argument("--level", choices=["aten", "module"], default="aten",
+                       help="torch trace level: aten (exact training step, default) or module (fast, coarse)")
+    group.add_argument("--device", default="a100", help="device preset for op costs (a100, h100, h200, v100, cpu)")
+    group.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
+
+
+def _graph(args: argparse.Namespace, spec: str | None = None):
+    from .cost import DeviceSpec
+
+    DeviceSpec.preset(args.device)  # refuse an unknown device before any import work
+    return load_model(spec or args.model, ImportOptions(level=args.level, device=args.device,
+                                                        batch_size=args.batch_size))
 
 
 def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -108,11 +124,45 @@ def _solver_list(text: str) -> list[str]:
 # ---------------------------------------------------------------- commands
 
 
+def _describe_graph(graph) -> str:
+    totals = graph.totals
+    flops = sum(op.flops for op in graph.ops.values() if op.phase != "optimizer")
+    return (f"{graph.name}: {len(graph.ops)} ops ({len(graph.ops_in('forward'))} forward, "
+            f"{len(graph.ops_in('backward'))} backward), {len(graph.params)} params "
+            f"({format_size(graph.total_param_bytes)}), {flops / 1e9:.3g} GFLOP per step; "
+            f"forward {format_duration(totals.forward_s)}, backward {format_duration(totals.backward_s)}, "
+            f"optimizer {format_duration(totals.optimizer_s)}")
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    graph = _graph(args)
+    graph.save(args.output)
+    print(f"{_describe_graph(graph)} -> {args.output}")
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    if model_kind(args.model) != "factory":
+        raise SchedoptError(f"profile runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
+    from .importers import load_factory
+    from .importers.profile import profile_torch
+
+    spec = load_factory(args.model, batch_size=args.batch_size)
+    graph, report = profile_torch(spec.model, spec.example_inputs, loss_fn=spec.loss_fn, name=spec.name,
+                                  iterations=args.iterations)
+    graph.save(args.output)
+    print(_describe_graph(graph))
+    print(f"measured step {format_duration(report.measured_step_s)} on {report.device} "
+          f"(median of {report.num_iterations}); predicted from op times {format_duration(report.predicted_step_s)}"
+          f" ({report.error * 100:+.1f}%) -> {args.output}")
+    return 0
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .solvers import get
 
-    graph = load_model(args.model)
     solver = get(args.solver)
+    graph = _graph(args)
     problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode)
     options = _parse_options(args.option)
     if args.time_limit is not None:
@@ -134,7 +184,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from .trace import write_chrome_trace, write_gantt
 
     plan = Plan.load(args.plan)
-    graph = load_model(args.model)
+    graph = _graph(args)
     problem = Problem(graph=graph, cluster=_cluster(args, base=plan.cluster), mode=args.mode or plan.mode)
     timeline = simulate(problem, plan)
     if args.trace:
@@ -181,7 +231,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
-    graph = load_model(args.model) if args.model else None
+    graph = _graph(args) if args.model else None
     if graph is not None:
         from .plan import validate
 
@@ -213,8 +263,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .report import COLUMNS, compare, format_csv, format_table
 
-    graph = load_model(args.model)
     names = _solver_list(args.solvers)
+    graph = _graph(args)
     problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode)
     out = Path(args.out) if args.out else None
 
@@ -264,8 +314,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="schedopt", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
+    p = sub.add_parser("import", help="import a model (.onnx or file.py:factory) into a graph JSON")
+    p.add_argument("model", help="model: .onnx, path/to/file.py:factory, or graph JSON")
+    _add_model_options(p)
+    p.add_argument("-o", "--output", default="graph.json", help="where to write the graph (default graph.json)")
+    p.set_defaults(run=_cmd_import)
+
+    p = sub.add_parser("profile", help="measure per-op times of a real training step on this machine")
+    p.add_argument("model", help="path/to/file.py:factory")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
+    p.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (default 10)")
+    p.add_argument("-o", "--output", default="graph.json", help="where to write the graph (default graph.json)")
+    p.set_defaults(run=_cmd_profile)
+
     p = sub.add_parser("plan", help="solve for an op order and buckets; write plan.json")
-    p.add_argument("model", help="graph JSON")
+    p.add_argument("model", help="model: graph JSON, .onnx, or path/to/file.py:factory")
+    _add_model_options(p)
     p.add_argument("--solver", required=True, help="solver name (see 'schedopt compare --solvers all')")
     _add_cluster_options(p, defaults=True)
     p.add_argument("--mode", choices=MODES, default="barrier")
@@ -277,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="simulate a plan; write a Chrome trace and a Gantt chart")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("model", help="graph JSON the plan was made for")
+    p.add_argument("model", help="the model the plan was made for (graph JSON, .onnx, file.py:factory)")
+    _add_model_options(p)
     _add_cluster_options(p, defaults=False)
     p.add_argument("--mode", choices=MODES, default=None, help="override the plan's mode")
     p.add_argument("--trace", help="write a Chrome trace (chrome://tracing, Perfetto)")
@@ -287,12 +352,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="show what a plan holds")
     p.add_argument("plan", help="plan JSON")
-    p.add_argument("model", nargs="?", help="graph JSON: check the plan against it and show bucket sizes")
+    p.add_argument("model", nargs="?", help="the plan's model: check the plan against it and show bucket sizes")
+    _add_model_options(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(run=_cmd_inspect)
 
     p = sub.add_parser("compare", help="run several solvers on one model and cluster")
-    p.add_argument("model", help="graph JSON")
+    p.add_argument("model", help="model: graph JSON, .onnx, or path/to/file.py:factory")
+    _add_model_options(p)
     p.add_argument("--solvers", default="all", help="'all' or a comma-separated list (default all)")
     _add_cluster_options(p, defaults=True)
     p.add_argument("--mode", choices=MODES, default="barrier")

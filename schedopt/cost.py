@@ -52,7 +52,9 @@ class DeviceSpec:
         return DEVICES[key]
 
     def op_time_s(self, *, flops: float, nbytes: float) -> float:
-        """Return the roofline time of one op."""
+        """Return the roofline time of one op; an op with no FLOPs and no bytes launches no kernel (a view)."""
+        if flops <= 0 and nbytes <= 0:
+            return 0.0
         return max(flops / self.peak_flops, nbytes / self.mem_bandwidth_Bps) + self.launch_s
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,185 @@
+"""Measure per-op times of a real training step on the local device.
+
+Steps:
+
+1. Trace the training step at aten level with real tensors (the same trace
+   :func:`from_torch` makes under fake tensors, so op ids match).
+2. Run the traced step with an FX interpreter that times every aten call
+   together with the tensor frees it makes due (``torch.cuda.synchronize``
+   around it on CUDA), leaving the interpreter's own bookkeeping out; repeat
+   and keep each op's median. A node that became two ops (the split ``convolution_backward``)
+   shares its time by their FLOPs.
+3. Time the optimizer step (``torch.optim.SGD``) and the whole eager step
+   (``zero_grad``, forward, loss, ``backward``, ``step``), interleaved with
+   step 2 so that load from elsewhere hits all of them alike; medians.
+4. Write the measured times into the graph. The simulator's single-rank
+   prediction is then the sum of the measured op times; the report compares
+   it with the measured eager step.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from schedopt.cost import DeviceSpec
+from schedopt.errors import GraphImportError
+from schedopt.graph import TrainGraph
+
+from .pytorch import AtenGraphBuilder, trace_train_step
+
+__all__ = ["ProfileReport", "profile_torch"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileReport:
+    """Measured against predicted: ``predicted_step_s`` sums the profiled op times."""
+
+    device: str
+    num_iterations: int
+    measured_step_s: float
+    predicted_step_s: float
+    optimizer_s: float
+    num_ops_timed: int
+
+    @property
+    def error(self) -> float:
+        """Relative prediction error: ``(predicted - measured) / measured``."""
+        return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+
+def profile_torch(
+    model: Any,
+    example_inputs: tuple,
+    *,
+    loss_fn: Callable[..., Any],
+    name: str | None = None,
+    iterations: int = 5,
+    warmup: int = 2,
+    lr: float = 0.01,
+) -> tuple[TrainGraph, ProfileReport]:
+    """Return the aten-level graph of ``model`` with measured op times, and how well it predicts the step.
+
+    The model runs on the device its parameters are on (CPU here, CUDA where present).
+
+    Raises:
+        GraphImportError: the model cannot be traced or run.
+    """
+    import torch
+    from torch.fx import Interpreter
+
+    if iterations < 1:
+        raise GraphImportError(f"profiling needs iterations >= 1, got {iterations}")
+    name = name or type(model).__name__
+    model.train()
+    first = next(model.parameters(), None)
+    on_cuda = first is not None and first.is_cuda
+    sync = torch.cuda.synchronize if on_cuda else (lambda: None)
+    device = DeviceSpec.preset("cpu") if not on_cuda else DeviceSpec.preset("h100")
+
+    # 1. real trace, graph with estimated costs
+    traced, params, buffers = trace_train_step(model, example_inputs, loss_fn, name=name, fake=False)
+    builder = AtenGraphBuilder(traced.graph, params, device, name)
+    graph = builder.build("sgd")
+    flat_args = [*params.values(), *buffers.values(), *example_inputs]
+
+    # 2. time every op node
+    samples: dict[str, list[float]] = {n: [] for n in builder.node_ops}
+
+    class Timer(Interpreter):
+        """Time each call together with the frees it makes due, and nothing of the interpreter.
+
+        A node's interval covers the aten call and dropping the tensors
+        whose last use it was (in the eager step those frees happen inside
+        the ops too); views and ``getitem`` launch no op of their own, and
+        their time goes to the op that ran last.
+        """
+
+        def __init__(self, module) -> None:
+            super().__init__(module, garbage_collect_values=False)
+            self.last_op: str | None = None
+            last_user = {}
+            for node in module.graph.nodes:
+                for used in node.all_input_nodes:
+                    last_user[used] = node
+            self.dies_at: dict[Any, list[Any]] = {}
+            for used, node in last_user.items():
+                if node.op != "output":
+                    self.dies_at.setdefault(node, []).append(used)
+
+        def run_node(self, n):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            sync()
+            started = time.perf_counter()
+            out = getattr(self, n.op)(n.target, args, kwargs)
+            del args, kwargs
+            for dead in self.dies_at.get(n, ()):
+                del self.env[dead]
+            sync()
+            elapsed = time.perf_counter() - started
+            if n.name in samples:
+                self.last_op = n.name
+                samples[n.name][-1] += elapsed
+            elif self.last_op is not None and n.op == "call_function":
+                samples[self.last_op][-1] += elapsed
+            return out
+
+        def run(self, *args):
+            for values in samples.values():
+                values.append(0.0)
+            self.last_op = None
+            return super().run(*args, enable_io_processing=False)
+
+    timer = Timer(traced)
+    optimizer = torch.optim.SGD(list(params.values()), lr=lr)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        sync()
+        started = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - started
+
+    def eager_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(*example_inputs), *example_inputs).backward()
+        optimizer.step()
+
+    # 2-3. interleave the traced run, the eager step and the optimizer so that
+    # load from elsewhere on the machine hits all three alike
+    steps, opt_times = [], []
+    try:
+        for i in range(warmup + iterations):
+            if i == warmup:
+                for values in samples.values():
+                    values.clear()
+            with torch.no_grad():
+                timer.run(*flat_args)
+            step_s, opt_s = timed(eager_step), timed(optimizer.step)
+            if i >= warmup:
+                steps.append(step_s)
+                opt_times.append(opt_s)
+    except Exception as exc:  # noqa: BLE001 - user model failed at run time
+        raise GraphImportError(f"running {name} failed while profiling: {type(exc).__name__}: {exc}") from exc
+    durations: dict[str, float] = {}
+    for node_name, parts in builder.node_ops.items():
+        t = statistics.median(samples[node_name])
+        for op_id, share in parts:
+            durations[op_id] = t * share
+    durations["optimizer.step"] = statistics.median(opt_times)
+
+    # 4. measured graph and report
+    profiled = graph.with_durations(durations, meta={
+        "costs": "profiled", "profile_device": "cuda" if on_cuda else "cpu", "profile_iterations": iterations,
+    })
+    report = ProfileReport(
+        device="cuda" if on_cuda else "cpu",
+        num_iterations=iterations,
+        measured_step_s=statistics.median(steps),
+        predicted_step_s=sum(op.duration_s for op in profiled.ops.values()),
+        optimizer_s=durations["optimizer.step"],
+        num_ops_timed=len(durations),
+    )
+    return profiled, report
