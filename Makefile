@@ -24,10 +24,13 @@ test: setup
 
 demo: setup
 	mkdir -p $(OUT)
-	$(PY) -m schedopt.synthetic transformer_like 12 -o $(OUT)/graph.json
-	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver pytorch-ddp --network 100gbe --world-size 8 -o $(OUT)/plan.json
+	$(VENV)/bin/schedopt import examples/models.py:resnet50 --device a100 -o $(OUT)/graph.json
+	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver pytorch-ddp --network 10gbe --world-size 8 -o $(OUT)/plan.json
 	$(VENV)/bin/schedopt simulate $(OUT)/plan.json $(OUT)/graph.json --trace $(OUT)/trace.json --gantt $(OUT)/gantt.png
-	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 100gbe --world-size 8
+	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 10gbe --world-size 8
+
+bench: setup
+	$(PY) bench/import_speed.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis build *.egg-info

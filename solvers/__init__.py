@@ -8,7 +8,8 @@ Example:
 
 from __future__ import annotations
 
-from . import ddp  # noqa: F401  (registers pytorch-ddp)
+# Importing a strategy module registers it; the registry keeps this order.
+from . import bytescheduler, caramel, ddp, horovod, mgwfbp, tictac  # noqa: F401
 from .registry import SOLVERS, SolverFn, get, register
 
 __all__ = ["SOLVERS", "SolverFn", "get", "register"]

@@ -16,6 +16,27 @@ MiB = 1024 * 1024
 GRAPHS = [chain(4), diamond(), branches(3), transformer_like(2)]
 
 
+def _tiny_imported() -> list:
+    """The tiny example models, imported at aten level (skipped without the torch extra)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:  # pragma: no cover - the dev setup installs torch
+        return []
+    from schedopt.importers import from_torch
+
+    from .models_path import example_models
+
+    models = example_models()
+    graphs = []
+    for name in ("tiny_cnn", "tiny_gpt", "tiny_branches", "tiny_inception"):
+        model, inputs, *loss = getattr(models, name)()
+        graphs.append(from_torch(model, inputs, loss_fn=loss[0] if loss else None, name=name))
+    return graphs
+
+
+GRAPHS += _tiny_imported()
+
+
 def test_unknown_solver_lists_the_valid_ones():
     with pytest.raises(SolverError, match=r"unknown solver 'magic'; valid: .*pytorch-ddp"):
         get("magic")
