@@ -298,13 +298,51 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_bar(items: list[str]) -> Iterator[str]:
+def _progress_bar(items: list, desc: str = "solvers", unit: str = "solver") -> Iterator:
     from tqdm import tqdm
 
-    with tqdm(items, desc="solvers", unit="solver", file=sys.stderr, leave=False) as bar:
-        for name in bar:
-            bar.set_postfix_str(name)
-            yield name
+    with tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
+        for item in bar:
+            bar.set_postfix_str(str(item))
+            yield item
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .plots import write_sweep_plot
+    from .report import SWEEP_COLUMNS, format_csv, format_table, sweep
+
+    names = _solver_list(args.solvers)
+    bandwidths = [parse_bandwidth(b) for b in args.bandwidths.split(",") if b.strip()]
+    try:
+        world_sizes = [int(n) for n in args.world_sizes.split(",") if n.strip()]
+    except ValueError:
+        raise SchedoptError(f"--world-sizes must be whole numbers, got {args.world_sizes!r}") from None
+    if not bandwidths or not world_sizes or min(world_sizes) < 1:
+        raise SchedoptError("--bandwidths and --world-sizes need at least one value each (world sizes >= 1)")
+    graph = _graph(args)
+    base = _cluster(args)
+    quiet = args.format != "table" or not (sys.stderr.isatty() or args.progress)
+    rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
+                 time_limit_s=args.time_limit, seed=args.seed,
+                 progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
+    out = Path(args.out) if args.out else None
+    plot = args.plot or (str(out / "sweep.png") if out else None)
+    if out is not None:
+        write_text_atomic(out / "sweep.csv", format_csv(rows, SWEEP_COLUMNS))
+        write_json_atomic(out / "sweep.json", rows)
+    if plot:
+        write_sweep_plot(rows, plot, title=f"{graph.name}, {args.mode} mode")
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif args.format == "csv":
+        sys.stdout.write(format_csv(rows, SWEEP_COLUMNS))
+    else:
+        print(format_table(rows, ("world_size", "bandwidth_Bps", "solver", "iteration_s", "lower_bound_s",
+                                  "gap_to_lower_bound", "num_buckets", "speedup_vs_ddp")))
+        for label, path in (("csv", out / "sweep.csv" if out else None), ("plot", plot)):
+            if path:
+                print(f"{label:<5} {path}")
+    return 0
 
 
 # ------------------------------------------------------------------ parser
@@ -369,6 +407,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="directory for each solver's plan, trace and Gantt chart")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
     p.set_defaults(run=_cmd_compare)
+
+    p = sub.add_parser("sweep", help="compare solvers across bandwidths and world sizes; CSV and a plot")
+    p.add_argument("model", help="model: graph JSON, .onnx, or path/to/file.py:factory")
+    _add_model_options(p)
+    p.add_argument("--bandwidths", default="1Gbps,10Gbps,25Gbps,100Gbps,400Gbps",
+                   help="comma-separated bandwidths (default 1Gbps,10Gbps,25Gbps,100Gbps,400Gbps)")
+    p.add_argument("--world-sizes", default="8,64", help="comma-separated rank counts (default 8,64)")
+    p.add_argument("--solvers", default="all", help="'all' or a comma-separated list (default all)")
+    p.add_argument("--network", choices=sorted(PRESETS), default=None,
+                   help="preset whose latency and call overhead every case keeps (default 10gbe)")
+    p.add_argument("--latency", help="all-reduce step latency alpha for every case, e.g. 20us")
+    p.add_argument("--algorithm", choices=["ring", "tree"], default=None)
+    p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--time-limit", type=_duration, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    p.add_argument("--out", help="directory for sweep.csv, sweep.json and sweep.png")
+    p.add_argument("--plot", help="where to draw the plot (default DIR/sweep.png with --out)")
+    p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
+    p.set_defaults(run=_cmd_sweep, world_size=None, bandwidth=None)
     return parser
 
 

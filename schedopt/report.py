@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Sequence
 from .plan import Plan
 from .problem import Problem
 
-__all__ = ["COLUMNS", "compare", "comparison_row", "format_table", "format_csv"]
+__all__ = ["COLUMNS", "SWEEP_COLUMNS", "compare", "comparison_row", "sweep", "format_table", "format_csv"]
 
 COLUMNS: tuple[str, ...] = (
     "solver",
@@ -100,6 +100,38 @@ def compare(
     return [comparison_row(plans[name], baseline_s=baseline) for name in solvers]
 
 
+SWEEP_COLUMNS: tuple[str, ...] = ("world_size", "bandwidth_Bps", *COLUMNS)
+
+
+def sweep(
+    graph: Any,
+    base: Any,
+    *,
+    bandwidths_Bps: Sequence[float],
+    world_sizes: Sequence[int],
+    solvers: Sequence[str],
+    mode: str = "barrier",
+    time_limit_s: float | None = None,
+    seed: int = 0,
+    progress: Callable[[Iterable[tuple[int, float]]], Iterable[tuple[int, float]]] = lambda cases: cases,
+) -> list[dict[str, Any]]:
+    """Compare ``solvers`` on ``graph`` for every world size and bandwidth; one row per (case, solver).
+
+    ``base`` is the :class:`~schedopt.cluster.Cluster` whose latency, call
+    overhead and algorithm every case keeps.
+    """
+    from dataclasses import replace
+
+    rows: list[dict[str, Any]] = []
+    cases = [(n, bw) for n in world_sizes for bw in bandwidths_Bps]
+    for world_size, bandwidth in progress(cases):
+        cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
+        problem = Problem(graph=graph, cluster=cluster, mode=mode)  # type: ignore[arg-type]
+        for row in compare(problem, solvers, time_limit_s=time_limit_s, seed=seed):
+            rows.append({"world_size": world_size, "bandwidth_Bps": bandwidth, **row})
+    return rows
+
+
 def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
@@ -109,12 +141,16 @@ def _cell(value: Any, column: str) -> str:
         return f"{value * 100:.2f}%"
     if column == "speedup_vs_ddp":
         return f"{value:.3f}x"
+    if column == "bandwidth_Bps":
+        from .units import format_bandwidth
+
+        return format_bandwidth(value)
     return str(value)
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
     """Return rows as an aligned text table; seconds are shown in milliseconds."""
-    header = [c.replace("_s", "_ms") if c.endswith("_s") else c for c in columns]
+    header = [c[:-2] + "_ms" if c.endswith("_s") else ("bandwidth" if c == "bandwidth_Bps" else c) for c in columns]
     cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]

@@ -93,3 +93,17 @@ def test_failed_plan_does_not_clobber_an_existing_file(tmp_path, graph_file):
     plan.write_text("precious")
     assert run("plan", str(graph_file), "--solver", "nope", "-o", str(plan)).returncode == 2
     assert plan.read_text() == "precious"
+
+
+def test_sweep_writes_csv_json_and_plot(tmp_path, graph_file, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(graph_file), "--bandwidths", "1Gbps,100Gbps", "--world-sizes", "4,32",
+                 "--solvers", "pytorch-ddp,caramel", "--out", str(out), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 2 * 2 * 2
+    assert {(r["world_size"], r["bandwidth_Bps"]) for r in rows} == {(4, 1.25e8), (4, 1.25e10), (32, 1.25e8),
+                                                                    (32, 1.25e10)}
+    assert (out / "sweep.csv").read_text().startswith("world_size,bandwidth_Bps,solver")
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["sweep", str(graph_file), "--bandwidths", "fast"]) == 2
+    assert "bad bandwidth 'fast'" in capsys.readouterr().err

@@ -1,0 +1,52 @@
+"""Plots a researcher would put in a paper (matplotlib, the ``viz`` extra)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import SchedoptError
+
+__all__ = ["write_sweep_plot"]
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise SchedoptError("plotting needs matplotlib: pip install 'schedopt[viz]'") from exc
+    return plt
+
+
+def write_sweep_plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, title: str = "") -> None:
+    """Plot speedup over pytorch-ddp against bandwidth: a line per solver, a panel per world size."""
+    plt = _pyplot()
+    world_sizes = sorted({r["world_size"] for r in rows})
+    solvers = list(dict.fromkeys(r["solver"] for r in rows))
+    fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.2 * len(world_sizes), 4.0), sharey=True, squeeze=False)
+    for ax, n in zip(axes[0], world_sizes):
+        for solver in solvers:
+            points = sorted((r["bandwidth_Bps"] * 8 / 1e9, r["speedup_vs_ddp"]) for r in rows
+                            if r["world_size"] == n and r["solver"] == solver and r["speedup_vs_ddp"])
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o", label=solver)
+        ax.axhline(1.0, color="#888888", linewidth=0.8, linestyle="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("bandwidth per rank (Gbit/s)")
+        ax.set_title(f"{n} ranks")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("speedup over pytorch-ddp")
+    axes[0][-1].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    os.replace(tmp, path)
