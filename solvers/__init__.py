@@ -10,6 +10,7 @@ from __future__ import annotations
 
 # Importing a strategy module registers it; the registry keeps this order.
 from . import bytescheduler, caramel, ddp, horovod, mgwfbp, tictac  # noqa: F401
+from . import cpsat  # noqa: F401  (last: it warm-starts from every solver above)
 from .registry import SOLVERS, SolverFn, get, register
 
 __all__ = ["SOLVERS", "SolverFn", "get", "register"]
