@@ -49,6 +49,7 @@ __all__ = [
     "lower_bound",
     "chunk_layout",
     "comm_schedule",
+    "update_costs",
 ]
 
 Track = Literal["compute", "comm"]
@@ -281,10 +282,9 @@ def _simulate_barrier(problem: Problem, plan: Plan) -> Timeline:
     )
 
 
-def _update_costs(graph: TrainGraph, plan: Plan) -> list[float]:
-    """Split each optimizer op's duration over buckets by the bytes of the parameters it reads."""
-    home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
-    costs = [0.0] * len(plan.buckets)
+def update_costs(graph: TrainGraph) -> dict[str, float]:
+    """Split each optimizer op's duration over the parameters it reads (all, if none), by bytes."""
+    costs = dict.fromkeys(graph.params, 0.0)
     for op in graph.ops.values():
         if op.phase != "optimizer" or op.duration_s == 0:
             continue
@@ -292,8 +292,14 @@ def _update_costs(graph: TrainGraph, plan: Plan) -> list[float]:
         total = sum(graph.params[name].nbytes for name in reads)
         for name in reads:
             share = graph.params[name].nbytes / total if total else 1.0 / len(reads)
-            costs[home[name]] += op.duration_s * share
+            costs[name] += op.duration_s * share
     return costs
+
+
+def _update_costs(graph: TrainGraph, plan: Plan) -> list[float]:
+    """The optimizer time of each bucket's update (overlap mode)."""
+    per_param = update_costs(graph)
+    return [sum(per_param[name] for name in b.params) for b in plan.buckets]
 
 
 def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:

@@ -1,0 +1,171 @@
+"""The CP-SAT solver: model and simulator agree, brute force agrees, never worse than its warm start."""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedopt import Cluster, Plan, Problem, simulate
+from schedopt.backward import ForwardOp, ParamSpec, training_graph
+from schedopt.cost import DeviceSpec
+from schedopt.plan import SolverInfo
+from schedopt.solvers import SOLVERS, get
+from schedopt.solvers.cpsat import coarsen
+from schedopt.synthetic import branches, chain, diamond, transformer_like
+
+from .strategies import train_graphs
+
+pytest.importorskip("ortools")
+
+
+def tick_tolerance(plan) -> float:
+    """Rounding: every op and every unit's transfer is rounded to the nearest tick."""
+    tick = plan.solver.options.get("tick_s", 0.0)
+    return tick * (len(plan.order) + 2 * plan.model.num_params + 4) + 1e-12
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=train_graphs(max_ops=7), world_size=st.integers(2, 64), bandwidth=st.floats(1e8, 2e10),
+       latency=st.floats(0, 5e-5))
+def test_barrier_objective_equals_the_simulated_iteration(graph, world_size, bandwidth, latency):
+    cluster = Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=latency, call_s=5e-6)
+    problem = Problem(graph=graph, cluster=cluster, mode="barrier")
+    plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
+    assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=tick_tolerance(plan))
+    assert plan.solver.bound_s <= plan.predicted.iteration_s + tick_tolerance(plan)
+
+
+def _linear_extensions(dag: nx.DiGraph):
+    if dag.number_of_nodes() == 0:
+        yield []
+        return
+    for v in [v for v in dag if dag.in_degree(v) == 0]:
+        rest = dag.copy()
+        rest.remove_node(v)
+        for tail in _linear_extensions(rest):
+            yield [v, *tail]
+
+
+def _ordered_partitions(items):
+    n = len(items)
+    for labels in itertools.product(range(n), repeat=n):
+        used = sorted(set(labels))
+        if used != list(range(len(used))):
+            continue
+        groups = [[it for it, lab in zip(items, labels) if lab == k] for k in used]
+        yield groups
+
+
+def brute_force(problem: Problem) -> float:
+    """The best iteration over every valid op order and every ordered bucketing."""
+    graph = problem.graph
+    best = float("inf")
+    names = list(graph.params)
+    partitions = list(_ordered_partitions(names))
+    seen_ready = set()
+    for order in _linear_extensions(graph.dag):
+        ready_key = tuple(order.index(graph.params[n].grad_op) for n in names) + tuple(
+            o for o in order if graph.ops[o].phase != "backward")
+        if ready_key in seen_ready:
+            continue
+        seen_ready.add(ready_key)
+        for buckets in partitions:
+            plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name="bf"))
+            best = min(best, simulate(problem, plan).iteration_s)
+    return best
+
+
+@st.composite
+def small_graphs(draw):
+    """At most 4 parameters and 7 backward ops: a chain of 2-3 layers, the middle one maybe branched."""
+    device = DeviceSpec(name="unit", peak_flops=1e12, mem_bandwidth_Bps=1e12)
+    num_layers = draw(st.integers(2, 3))
+    ops, params = [], []
+    prev: tuple[str, ...] = ()
+    for i in range(num_layers):
+        reads = tuple(f"w{i}{k}" for k in range(2 if i == 0 and draw(st.booleans()) else 1))
+        params += [ParamSpec(name=r, shape=(draw(st.integers(1_000, 3_000_000)),)) for r in reads]
+        ops.append(ForwardOp(id=f"l{i}", kind="linear", inputs=prev, reads=reads,
+                             flops=draw(st.floats(1e8, 5e9))))
+        prev = (f"l{i}",)
+    ops.append(ForwardOp(id="loss", kind="loss", inputs=prev, flops=1e6))
+    return training_graph("small", ops, params, device=device, optimizer=None)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=small_graphs(), world_size=st.integers(2, 16), bandwidth=st.floats(1e8, 1e10))
+def test_cpsat_finds_the_brute_force_optimum(graph, world_size, bandwidth):
+    backward = [o for o in graph.ops if graph.ops[o].phase == "backward"]
+    assert len(backward) <= 7 and len(graph.params) <= 4
+    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+                                                   latency_s=2e-5, call_s=1e-5))
+    plan = get("cpsat")(problem, time_limit_s=20, num_workers=1)
+    assert plan.solver.status == "OPTIMAL"
+    assert plan.predicted.iteration_s == pytest.approx(brute_force(problem), rel=1e-4)
+
+
+HEURISTICS = [name for name in SOLVERS if name != "cpsat"]
+
+
+@pytest.mark.parametrize("graph", [chain(5), diamond(), branches(3), transformer_like(2)], ids=lambda g: g.name)
+@pytest.mark.parametrize("mode", ["barrier", "overlap"])
+def test_cpsat_is_never_worse_than_any_heuristic(graph, mode):
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
+    plan = get("cpsat")(problem, time_limit_s=5)
+    best = min(get(h)(problem).predicted.iteration_s for h in HEURISTICS)
+    assert plan.predicted.iteration_s <= best * (1 + 1e-9)
+    assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
+    if mode == "overlap" and plan.solver.options["result"] == "cp-sat":
+        # the simulator's lazy updates never do worse than the model's schedule
+        assert plan.predicted.iteration_s <= plan.solver.objective_s + tick_tolerance(plan)
+
+
+def test_timeout_returns_the_warm_start_and_says_so():
+    graph = transformer_like(8)
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=64))
+    plan = get("cpsat")(problem, time_limit_s=0.01, num_workers=1)
+    assert plan.solver.status == "FEASIBLE"
+    assert plan.predicted.iteration_s <= get("caramel")(problem).predicted.iteration_s * (1 + 1e-9)
+    if plan.solver.options["result"] == "hint":
+        assert plan.solver.options["why"]
+
+
+def test_deterministic_for_a_seed_with_one_worker():
+    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("10gbe", world_size=16))
+    first = get("cpsat")(problem, time_limit_s=10, num_workers=1, seed=3)
+    second = get("cpsat")(problem, time_limit_s=10, num_workers=1, seed=3)
+    assert (first.order, first.buckets) == (second.order, second.buckets)
+
+
+def test_coarsening_keeps_gradient_ops_at_chain_ends():
+    graph = transformer_like(2)
+    backward = [o for o in graph.ops if graph.ops[o].phase == "backward"]
+    coarse = coarsen(graph, backward)
+    assert sum(len(c) for c in coarse.chains) == len(backward)
+    for chain_ops in coarse.chains:
+        assert all(not graph.ops[o].grads for o in chain_ops[:-1])
+    assert len(coarse.chains) < len(backward)
+
+
+def test_progress_reports_objective_and_bound():
+    seen = []
+    problem = Problem(graph=branches(3), cluster=Cluster.preset("100gbe", world_size=8))
+    get("cpsat")(problem, time_limit_s=5, on_progress=seen.append)
+    for event in seen:
+        assert event.bound_s <= event.objective_s + 1e-9
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=train_graphs(max_ops=6), world_size=st.integers(2, 32), bandwidth=st.floats(1e8, 2e10))
+def test_overlap_objective_matches_the_simulated_period(graph, world_size, bandwidth):
+    """The cyclic model encodes the simulator's overlap semantics: at the optimum they agree."""
+    cluster = Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=1e-5, call_s=5e-6)
+    problem = Problem(graph=graph, cluster=cluster, mode="overlap")
+    plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
+    assert plan.predicted.iteration_s <= plan.solver.objective_s + tick_tolerance(plan)
+    if plan.solver.status == "OPTIMAL" and plan.solver.options["result"] == "cp-sat":
+        assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=tick_tolerance(plan))
