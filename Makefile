@@ -27,10 +27,13 @@ demo: setup
 	$(VENV)/bin/schedopt import examples/models.py:resnet50 --device a100 -o $(OUT)/graph.json
 	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver pytorch-ddp --network 10gbe --world-size 8 -o $(OUT)/plan.json
 	$(VENV)/bin/schedopt simulate $(OUT)/plan.json $(OUT)/graph.json --trace $(OUT)/trace.json --gantt $(OUT)/gantt.png
-	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 10gbe --world-size 8
+	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 10gbe --world-size 8 --time-limit 30
 
 bench: setup
 	$(PY) bench/import_speed.py
+	$(PY) bench/heuristics.py
+	$(PY) bench/solver_quality.py
+	$(PY) bench/solver_scale.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis build *.egg-info

@@ -7,6 +7,7 @@ Subcommands import the solvers only when they need them.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -158,6 +159,13 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_progress(event: Any) -> None:
+    """Show a solver's objective and bound as they improve (CP-SAT reports every new solution)."""
+    gap = (event.objective_s - event.bound_s) / event.objective_s if event.objective_s > 0 else 0.0
+    print(f"  {event.wall_s:7.1f}s  objective {format_duration(event.objective_s):>9}  "
+          f"bound {format_duration(event.bound_s):>9}  gap {gap:6.2%}", file=sys.stderr, flush=True)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .solvers import get
 
@@ -167,6 +175,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     options = _parse_options(args.option)
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
+    if (sys.stderr.isatty() or args.progress) and "on_progress" in inspect.signature(solver).parameters:
+        options["on_progress"] = _print_progress
     plan = solver(problem, seed=args.seed, **options)
     plan.save(args.output)
     p = plan.predicted
@@ -374,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_duration, default=None, help="solver time limit, e.g. 30 or 30s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
+    p.add_argument("--progress", action="store_true",
+                   help="print the solver's objective and bound as they improve, even when stderr is not a terminal")
     p.add_argument("-o", "--output", default="plan.json", help="where to write the plan (default plan.json)")
     p.set_defaults(run=_cmd_plan)
 
