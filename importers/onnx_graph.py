@@ -65,7 +65,7 @@ def _numel(shape: Iterable[int] | None) -> int:
 
 
 def _conv(i, o, a) -> float:
-    x, w, y = i[0], i[1], o[0]
+    w, y = i[1], o[0]
     if w is None or y is None:
         return 0.0
     # 2 FLOPs per multiply-add: every output element sums (C_in/groups)·prod(kernel) products
@@ -154,7 +154,6 @@ def from_onnx(
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     info = _tensor_info(model)
-    producer = {out: node for node in graph.node for out in node.output}
     consumers: dict[str, list[tuple[Any, int]]] = {}
     for node in graph.node:
         for pos, tensor in enumerate(node.input):

@@ -190,8 +190,6 @@ class AtenGraphBuilder:
                 for n in node.all_input_nodes]
 
     def build(self, optimizer) -> TrainGraph:
-        import torch
-
         nodes = list(self.graph.nodes)
         placeholders = [n for n in nodes if n.op == "placeholder"]
         for node, pname in zip(placeholders, self.param_names):

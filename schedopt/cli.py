@@ -19,7 +19,7 @@ from .io import write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_kind
 from .plan import Plan
 from .problem import MODES, Problem
-from .units import format_bandwidth, format_duration, format_size, parse_bandwidth, parse_duration
+from .units import format_duration, format_size, parse_bandwidth, parse_duration
 
 __all__ = ["main"]
 

@@ -8,10 +8,11 @@ from typing import Any, Sequence
 
 from .errors import SchedoptError
 
-__all__ = ["write_sweep_plot"]
+__all__ = ["pyplot", "save_figure", "write_sweep_plot"]
 
 
-def _pyplot():
+def pyplot():
+    """Return ``matplotlib.pyplot`` on the file-only Agg backend, or say how to install it."""
     try:
         import matplotlib
 
@@ -24,7 +25,7 @@ def _pyplot():
 
 def write_sweep_plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str], *, title: str = "") -> None:
     """Plot speedup over pytorch-ddp against bandwidth: a line per solver, a panel per world size."""
-    plt = _pyplot()
+    plt = pyplot()
     world_sizes = sorted({r["world_size"] for r in rows})
     solvers = list(dict.fromkeys(r["solver"] for r in rows))
     fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.2 * len(world_sizes), 4.0), sharey=True, squeeze=False)
@@ -44,6 +45,12 @@ def write_sweep_plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str
     axes[0][-1].legend(fontsize=8)
     if title:
         fig.suptitle(title)
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
+    """Write a figure as PNG through a temporary file and a rename, then close it."""
+    plt = pyplot()
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")

@@ -60,18 +60,10 @@ _COMM_COLORS = ("#8172B3", "#C44E52")
 
 def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:
     """Draw the compute and network tracks as a Gantt chart PNG (needs the ``viz`` extra: matplotlib)."""
-    try:
-        import matplotlib
+    from .plots import pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        from .errors import SchedoptError
-
-        raise SchedoptError("drawing a Gantt chart needs matplotlib: pip install 'schedopt[viz]'") from exc
-    from pathlib import Path
-
+    plt = pyplot()  # says how to install matplotlib when it is missing
+    from matplotlib.patches import Patch
     scale, unit = (1e3, "ms")
     fig, ax = plt.subplots(figsize=(14, 3.2))
     rows = {"compute": 1.0, "comm": 0.0}
@@ -91,9 +83,4 @@ def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str 
     handles = [Patch(color=c, label=k) for k, c in _COLORS.items()]
     handles.append(Patch(color=_COMM_COLORS[0], label="all-reduce (alternate buckets)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=5, fontsize=8, frameon=False)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)

@@ -134,7 +134,50 @@ def _ticks(seconds: float, tick_s: float) -> int:
     return int(round(seconds / tick_s))
 
 
-class _Model:
+class _BucketsMixin:
+    """Candidate buckets shared by both models: assignment, symmetry, FIFO and ready times."""
+
+    units: list[list[str]]
+    unit_op: list[int]
+    c: list[int]
+    A: int
+    B: int
+    end: list[Any]
+    coarse: Coarse
+    graph: TrainGraph
+
+    def add_buckets(self, m, horizon: int) -> None:
+        U, B = len(self.units), self.B
+        self.x = {(u, b): m.NewBoolVar(f"x[{u},{b}]") for u in range(U) for b in range(B)}
+        self.used = [m.NewBoolVar(f"used[{b}]") for b in range(B)]
+        self.bstart = [m.NewIntVar(0, horizon, f"bstart[{b}]") for b in range(B)]
+        self.bdur = [m.NewIntVar(0, horizon, f"bdur[{b}]") for b in range(B)]
+        for u in range(U):
+            m.AddExactlyOne(self.x[u, b] for b in range(B))
+        for b in range(B):
+            members = [self.x[u, b] for u in range(U)]
+            for x in members:
+                m.AddImplication(x, self.used[b])
+            m.AddBoolOr(members).OnlyEnforceIf(self.used[b])
+            m.Add(self.bdur[b] == self.A * self.used[b] + sum(self.c[u] * self.x[u, b] for u in range(U)))
+            if b + 1 < B:
+                m.AddImplication(self.used[b + 1], self.used[b])
+                m.Add(self.bstart[b + 1] >= self.bstart[b] + self.bdur[b])
+            for u in range(U):
+                m.Add(self.bstart[b] >= self.end[self.unit_op[u]]).OnlyEnforceIf(self.x[u, b])
+
+    def read_buckets(self, solver, order: list[str]) -> list[list[str]]:
+        """The used buckets of a solution, each in gradient-ready order under ``order``."""
+        position = {o: k for k, o in enumerate(order)}
+        buckets = []
+        for b in range(self.B):
+            members = [n for u, unit in enumerate(self.units) if solver.Value(self.x[u, b]) for n in unit]
+            if members:
+                buckets.append(sorted(members, key=lambda n: position[self.graph.params[n].grad_op]))
+        return buckets
+
+
+class _Model(_BucketsMixin):
     """The CP-SAT model of one barrier-mode problem (see the module docstring)."""
 
     def __init__(self, problem: Problem, prefix: list[str], free: list[str], tick_s: float, num_buckets: int):
@@ -177,24 +220,9 @@ class _Model:
 
         horizon = 4 * total + self.A * len(self.units) + sum(self.c) + 1
         U, B = len(self.units), self.B
-        self.x = {(u, b): m.NewBoolVar(f"x[{u},{b}]") for u in range(U) for b in range(B)}
-        self.used = [m.NewBoolVar(f"used[{b}]") for b in range(B)]
-        self.bstart = [m.NewIntVar(0, horizon, f"bstart[{b}]") for b in range(B)]
-        self.bdur = [m.NewIntVar(0, horizon, f"bdur[{b}]") for b in range(B)]
+        self.add_buckets(m, horizon)
         self.T = m.NewIntVar(total, horizon, "T")
-        for u in range(U):
-            m.AddExactlyOne(self.x[u, b] for b in range(B))
         for b in range(B):
-            members = [self.x[u, b] for u in range(U)]
-            for x in members:
-                m.AddImplication(x, self.used[b])
-            m.AddBoolOr(members).OnlyEnforceIf(self.used[b])
-            if b + 1 < B:
-                m.AddImplication(self.used[b + 1], self.used[b])
-                m.Add(self.bstart[b + 1] >= self.bstart[b] + self.bdur[b])
-            m.Add(self.bdur[b] == self.A * self.used[b] + sum(self.c[u] * self.x[u, b] for u in range(U)))
-            for u in range(U):
-                m.Add(self.bstart[b] >= self.end[self.unit_op[u]]).OnlyEnforceIf(self.x[u, b])
             m.Add(self.T >= self.bstart[b] + self.bdur[b])
         # cuts
         m.Add(self.bstart[0] >= min(self.fixed + anc[i] + self.dur[i] for i in self.unit_op))
@@ -250,16 +278,10 @@ class _Model:
         free = [o for i in chain_order for o in self.coarse.chains[i]]
         optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
         order = self.prefix + free + optimizer
-        position = {o: k for k, o in enumerate(order)}
-        buckets = []
-        for b in range(self.B):
-            members = [n for u, unit in enumerate(self.units) if solver.Value(self.x[u, b]) for n in unit]
-            if members:
-                buckets.append(sorted(members, key=lambda n: position[self.graph.params[n].grad_op]))
-        return order, buckets
+        return order, self.read_buckets(solver, order)
 
 
-class _OverlapModel:
+class _OverlapModel(_BucketsMixin):
     """The cyclic CP-SAT model of the ``overlap`` steady state (see the module docstring)."""
 
     def __init__(self, problem: Problem, forward: list[str], backward: list[str], tick_s: float,
@@ -311,25 +333,15 @@ class _OverlapModel:
                 m.Add(self.start[self.coarse.of[v_op]] >= self.f[position[u_op]] + fwd_dur[position[u_op]])
         for i in range(len(chains)):
             m.Add(self.end[i] <= self.T)
-        # buckets
-        self.x = {(u, b): m.NewBoolVar(f"x[{u},{b}]") for u in range(U) for b in range(B)}
-        self.used = [m.NewBoolVar(f"used[{b}]") for b in range(B)]
-        self.bstart = [m.NewIntVar(0, horizon, f"bstart[{b}]") for b in range(B)]
-        self.bdur = [m.NewIntVar(0, horizon, f"bdur[{b}]") for b in range(B)]
+        # buckets, and one update interval each
+        self.add_buckets(m, horizon)
         self.vstart = [m.NewIntVar(0, horizon, f"update[{b}]") for b in range(B)]
         self.vdur = [m.NewIntVar(0, sum(self.upd), f"update_time[{b}]") for b in range(B)]
         self.vend: list[Any] = []
         self.first: list[Any] = []
         self.after: list[Any] = []
         self.before: list[Any] = []
-        for u in range(U):
-            m.AddExactlyOne(self.x[u, b] for b in range(B))
         for b in range(B):
-            members = [self.x[u, b] for u in range(U)]
-            for x in members:
-                m.AddImplication(x, self.used[b])
-            m.AddBoolOr(members).OnlyEnforceIf(self.used[b])
-            m.Add(self.bdur[b] == self.A * self.used[b] + sum(self.c[u] * self.x[u, b] for u in range(U)))
             m.Add(self.vdur[b] == sum(self.upd[u] * self.x[u, b] for u in range(U)))
             vend = m.NewIntVar(0, horizon, f"update_end[{b}]")
             self.vend.append(vend)
@@ -337,12 +349,8 @@ class _OverlapModel:
             m.Add(vend <= self.T)
             # last step's collective of bucket b ended at bstart + bdur - T in this step's frame
             m.Add(self.vstart[b] >= self.bstart[b] + self.bdur[b] - self.T)
-            if b + 1 < B:
-                m.AddImplication(self.used[b + 1], self.used[b])
-                m.Add(self.bstart[b + 1] >= self.bstart[b] + self.bdur[b])
             m.Add(self.bstart[0] + self.T >= self.bstart[b] + self.bdur[b])  # FIFO into the next step
             for u in range(U):
-                m.Add(self.bstart[b] >= self.end[self.unit_op[u]]).OnlyEnforceIf(self.x[u, b])
                 m.Add(self.f[self.reader[u]] >= vend).OnlyEnforceIf(self.x[u, b])
         # The simulator applies a bucket's update right before the first forward op reading any of its
         # parameters (position first[b]): after the op before it, before it.
@@ -441,13 +449,7 @@ class _OverlapModel:
         backward = [o for i in chain_order for o in self.coarse.chains[i]]
         optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
         order = self.forward + backward + optimizer
-        position = {o: k for k, o in enumerate(order)}
-        buckets = []
-        for b in range(self.B):
-            members = [n for u, unit in enumerate(self.units) if solver.Value(self.x[u, b]) for n in unit]
-            if members:
-                buckets.append(sorted(members, key=lambda n: position[self.graph.params[n].grad_op]))
-        return order, buckets
+        return order, self.read_buckets(solver, order)
 
 
 def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[str]]:

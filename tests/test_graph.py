@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from schedopt import InvalidGraphError, Op, Param, TrainGraph
+from schedopt import InvalidGraphError, Param, TrainGraph
 from schedopt.errors import GraphImportError
 from schedopt.graph import params_fingerprint
 from schedopt.synthetic import branches, chain, diamond, transformer_like
