@@ -183,14 +183,31 @@ def comm_schedule(
 
 
 def _ancestor_sums(graph: TrainGraph) -> tuple[float, float]:
-    """Return (min over grad ops g of anc(g), duration of the union of all grad ops' ancestors)."""
+    """Return (min over grad ops g of anc(g), duration of the union of all grad ops' ancestors).
+
+    The union is one reverse search from every grad op. The minimum visits
+    grad ops in source order and abandons a search once its sum reaches the
+    best so far, so large graphs cost little more than one search.
+    """
     duration = {op_id: op.duration_s for op_id, op in graph.ops.items()}
-    union: set[str] = set()
+    union = set(graph.grad_ops)
+    stack = list(graph.grad_ops)
+    while stack:
+        for u in graph.dag.predecessors(stack.pop()):
+            if u not in union:
+                union.add(u)
+                stack.append(u)
     best = float("inf")
-    for g in graph.grad_ops:
-        closure = nx.ancestors(graph.dag, g) | {g}
-        best = min(best, sum(duration[o] for o in closure))
-        union |= closure
+    for g in sorted(graph.grad_ops, key=graph.index.__getitem__):
+        seen, stack, total = {g}, [g], duration[g]
+        while stack and total < best:
+            for u in graph.dag.predecessors(stack.pop()):
+                if u not in seen:
+                    seen.add(u)
+                    stack.append(u)
+                    total += duration[u]
+        if not stack:
+            best = min(best, total)
     return best, sum(duration[o] for o in union)
 
 

@@ -65,6 +65,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import networkx as nx
+import numpy as np
 
 from schedopt.errors import SolverError
 from schedopt.graph import TrainGraph
@@ -209,8 +210,7 @@ class _Model(_BucketsMixin):
         dag = nx.DiGraph()
         dag.add_nodes_from(range(n))
         dag.add_edges_from(self.coarse.edges)
-        anc = [sum(self.dur[a] for a in nx.ancestors(dag, i)) for i in range(n)]
-        desc = [sum(self.dur[d] for d in nx.descendants(dag, i)) for i in range(n)]
+        anc, desc = _closure_sums(dag, self.dur)
         self.start = [m.NewIntVar(self.fixed + anc[i], total - desc[i] - self.dur[i], f"start[{i}]") for i in range(n)]
         self.end = [m.NewIntVar(self.fixed + anc[i] + self.dur[i], total - desc[i], f"end[{i}]") for i in range(n)]
         intervals = [m.NewIntervalVar(self.start[i], self.dur[i], self.end[i], f"op[{i}]") for i in range(n)]
@@ -452,12 +452,37 @@ class _OverlapModel(_BucketsMixin):
         return order, self.read_buckets(solver, order)
 
 
+def _closure_sums(dag: nx.DiGraph, durations: list[int]) -> tuple[list[int], list[int]]:
+    """Return, per node 0..n-1, the summed durations of its ancestors and of its descendants.
+
+    Ancestor sets are rows of a boolean matrix filled in topological order
+    (a row is the OR of its predecessors' rows), so each sum is one masked
+    vector sum instead of a graph search per node.
+    """
+    n = len(durations)
+    weights = np.asarray(durations, dtype=np.int64)
+
+    def sums(graph: nx.DiGraph) -> list[int]:
+        reach = np.zeros((n, n), dtype=bool)
+        for v in nx.topological_sort(graph):
+            for u in graph.predecessors(v):
+                reach[v] |= reach[u]
+                reach[v, u] = True
+        return [int(weights[row].sum()) for row in reach]
+
+    return sums(dag), sums(dag.reverse(copy=False))
+
+
 def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[str]]:
     """Forward ops with a backward descendant run first (fixed); the rest are free."""
     backward = [o for o in graph.ops if graph.ops[o].phase == "backward"]
     feeds_backward: set[str] = set()
-    for o in backward:
-        feeds_backward |= nx.ancestors(graph.dag, o)
+    stack = list(backward)
+    while stack:  # one reverse search from every backward op at once
+        for u in graph.dag.predecessors(stack.pop()):
+            if u not in feeds_backward:
+                feeds_backward.add(u)
+                stack.append(u)
     prefix = [o for o in order if graph.ops[o].phase == "forward" and o in feeds_backward]
     free = [o for o in order if o not in prefix and graph.ops[o].phase != "optimizer"]
     return prefix, free
