@@ -235,6 +235,36 @@ class TrainGraph:
         """The ids of the ops that finish at least one gradient."""
         return frozenset(p.grad_op for p in self.params.values())
 
+    @cached_property
+    def gradient_ancestor_s(self) -> tuple[float, float]:
+        """(min over grad ops g of the summed durations of g and its ancestors, same over their union).
+
+        On one stream every ancestor of a gradient runs before it; the lower
+        bound of :mod:`schedopt.simulate` uses both sums. The union is one
+        reverse search; the minimum visits grad ops in source order and drops
+        a search once its sum reaches the best so far.
+        """
+        duration = {op_id: op.duration_s for op_id, op in self.ops.items()}
+        union = set(self.grad_ops)
+        stack = list(self.grad_ops)
+        while stack:
+            for u in self.dag.predecessors(stack.pop()):
+                if u not in union:
+                    union.add(u)
+                    stack.append(u)
+        best = float("inf")
+        for g in sorted(self.grad_ops, key=self.index.__getitem__):
+            seen, stack, total = {g}, [g], duration[g]
+            while stack and total < best:
+                for u in self.dag.predecessors(stack.pop()):
+                    if u not in seen:
+                        seen.add(u)
+                        stack.append(u)
+                        total += duration[u]
+            if not stack:
+                best = min(best, total)
+        return best, sum(duration[o] for o in union)
+
     def ops_in(self, phase: Phase) -> list[str]:
         """Return the ids of the ops of one phase, in source order."""
         return [op_id for op_id, op in self.ops.items() if op.phase == phase]

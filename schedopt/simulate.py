@@ -182,35 +182,6 @@ def comm_schedule(
     return timings
 
 
-def _ancestor_sums(graph: TrainGraph) -> tuple[float, float]:
-    """Return (min over grad ops g of anc(g), duration of the union of all grad ops' ancestors).
-
-    The union is one reverse search from every grad op. The minimum visits
-    grad ops in source order and abandons a search once its sum reaches the
-    best so far, so large graphs cost little more than one search.
-    """
-    duration = {op_id: op.duration_s for op_id, op in graph.ops.items()}
-    union = set(graph.grad_ops)
-    stack = list(graph.grad_ops)
-    while stack:
-        for u in graph.dag.predecessors(stack.pop()):
-            if u not in union:
-                union.add(u)
-                stack.append(u)
-    best = float("inf")
-    for g in sorted(graph.grad_ops, key=graph.index.__getitem__):
-        seen, stack, total = {g}, [g], duration[g]
-        while stack and total < best:
-            for u in graph.dag.predecessors(stack.pop()):
-                if u not in seen:
-                    seen.add(u)
-                    stack.append(u)
-                    total += duration[u]
-        if not stack:
-            best = min(best, total)
-    return best, sum(duration[o] for o in union)
-
-
 def lower_bound(problem: Problem) -> float:
     """Return a lower bound on the iteration time valid for every plan (see module docstring)."""
     graph, cluster = problem.graph, problem.cluster
@@ -221,7 +192,7 @@ def lower_bound(problem: Problem) -> float:
     c_all = cluster.allreduce_s(graph.total_param_bytes)
     if problem.mode == "overlap":
         return max(compute + totals.optimizer_s, c_all)
-    first, union = _ancestor_sums(graph)
+    first, union = graph.gradient_ancestor_s
     c_min = min(cluster.allreduce_s(p.nbytes) for p in graph.params.values())
     return totals.optimizer_s + max(compute, first + c_all, union + c_min)
 

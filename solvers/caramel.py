@@ -22,9 +22,10 @@
    that "fits" waits for its last member, so the exact contiguous bucketing
    for the same order (:mod:`schedopt.solvers.bucketing`) is computed too,
    and the simulator keeps the faster of the two.
-3. **Pipelining.** For each bucket, split it into 2, 4 or 8 chunks when the
-   simulator says the iteration gets shorter (a chunk goes once its own
-   gradients are ready, so the front of a bucket starts early).
+3. **Pipelining.** For each bucket whose gradients become ready at different
+   times (largest first, at most 96 trials), split it into 2, 4 or 8 chunks
+   when the simulator says the iteration gets shorter (a chunk goes once its
+   own gradients are ready, so the front of a bucket starts early).
 """
 
 from __future__ import annotations
@@ -142,18 +143,29 @@ def window_buckets(problem: Problem, order: list[str]) -> list[list[str]]:
     return buckets
 
 
-def pipeline(problem: Problem, plan: Plan, *, max_chunks: int = 8) -> Plan:
-    """Return ``plan`` with each bucket split into the chunk count (1, 2, 4, ... max) the simulator likes best."""
+def pipeline(problem: Problem, plan: Plan, *, max_chunks: int = 8, max_trials: int = 96) -> Plan:
+    """Return ``plan`` with buckets split into the chunk count (1, 2, 4, ... max) the simulator likes best.
+
+    Only buckets whose gradients become ready at different times can gain;
+    they are tried largest first, ``max_trials`` simulations at most (large
+    models have hundreds of buckets, and each trial simulates the iteration).
+    """
+    graph = problem.graph
     best = plan
     best_s = simulate(problem, plan).iteration_s
-    for k, bucket in enumerate(plan.buckets):
-        numel = sum(problem.graph.params[n].numel for n in bucket.params)
+    candidates = [k for k, b in enumerate(plan.buckets) if len({graph.params[n].grad_op for n in b.params}) > 1]
+    candidates.sort(key=lambda k: -sum(graph.params[n].nbytes for n in plan.buckets[k].params))
+    trials = 0
+    for k in candidates:
+        bucket = plan.buckets[k]
+        numel = sum(graph.params[n].numel for n in bucket.params)
         chunks = 2
-        while chunks <= min(max_chunks, numel):
+        while chunks <= min(max_chunks, numel) and trials < max_trials:
             buckets = list(best.buckets)
             buckets[k] = Bucket(params=bucket.params, chunks=chunks)
             trial = Plan.for_problem(problem, order=best.order, buckets=buckets, solver=best.solver)
             trial_s = simulate(problem, trial).iteration_s
+            trials += 1
             if trial_s < best_s * (1 - 1e-9):
                 best, best_s = trial, trial_s
             chunks *= 2
