@@ -373,6 +373,7 @@ def _module_graph(model, inputs, loss_fn, device: DeviceSpec, optimizer, name: s
         raise GraphImportError(f"cannot run {name} on its example inputs ({_first_line(exc)})") from exc
     del loss
 
+    view_functions = _view_functions()
     source: dict[str, tuple[str, Any]] = {}  # node name -> ("param", names) | ("op", id) | ("const", None)
     forward: list[ForwardOp] = []
     for node in gm.graph.nodes:
@@ -390,7 +391,7 @@ def _module_graph(model, inputs, loss_fn, device: DeviceSpec, optimizer, name: s
         ins = [source[n.name] for n in node.all_input_nodes]
         is_alias = (
             (node.op == "call_method" and node.target in _VIEW_METHODS)
-            or (node.op == "call_function" and node.target in _VIEW_FUNCTIONS())
+            or (node.op == "call_function" and node.target in view_functions)
             or not _tensors(out)
         )
         if is_alias:
@@ -439,7 +440,8 @@ def _get_attr(gm, target: str) -> Any:
     return obj
 
 
-def _VIEW_FUNCTIONS() -> set:
+def _view_functions() -> set:
+    """Functions whose result is a view of (or metadata about) their input: no kernel of their own."""
     import torch
 
     return {operator.getitem, getattr, torch.flatten, torch.reshape, torch.transpose, torch.permute, torch.split,
