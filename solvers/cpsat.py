@@ -30,7 +30,9 @@ bucket ends; ``T >= F + sum d`` and ``T >= bstart[b] + bdur[b]``.
 
 Cuts that make the bound strong: ``bstart[0] >=`` the earliest any gradient
 can exist; ``T >= bstart[0] + sum_b bdur[b]`` (every byte after the first
-start); ``T >= end[grad op of u] + A + c_u`` for every unit.
+start); ``T >= end[grad op of u] + A + c_u`` for every unit; and a tail cut
+per op w: ``T >= end[w] + A + (transfer ticks of every unit finished by w or
+by a descendant of w)`` — none of those bytes can leave before w ends.
 
 Objective: minimize T; the iteration is ``T + T_opt`` (the optimizer after the
 barrier).
@@ -210,7 +212,8 @@ class _Model(_BucketsMixin):
         dag = nx.DiGraph()
         dag.add_nodes_from(range(n))
         dag.add_edges_from(self.coarse.edges)
-        anc, desc = _closure_sums(dag, self.dur)
+        ancestors, descendants = _reach(dag, n), _reach(dag.reverse(copy=False), n)
+        anc, desc = _masked_sums(ancestors, self.dur), _masked_sums(descendants, self.dur)
         self.start = [m.NewIntVar(self.fixed + anc[i], total - desc[i] - self.dur[i], f"start[{i}]") for i in range(n)]
         self.end = [m.NewIntVar(self.fixed + anc[i] + self.dur[i], total - desc[i], f"end[{i}]") for i in range(n)]
         intervals = [m.NewIntervalVar(self.start[i], self.dur[i], self.end[i], f"op[{i}]") for i in range(n)]
@@ -229,6 +232,15 @@ class _Model(_BucketsMixin):
         m.Add(self.T >= self.bstart[0] + sum(self.bdur))
         for u in range(U):
             m.Add(self.T >= self.end[self.unit_op[u]] + self.A + self.c[u])
+        # tail cut: every gradient finished by op w or by a descendant of w is ready only after w ends,
+        # so all of those bytes (and at least one call) cross the network after end[w]
+        own = [0] * n
+        for u in range(U):
+            own[self.unit_op[u]] += self.c[u]
+        after = _masked_sums(descendants, own)
+        for w in range(n):
+            if own[w] + after[w] > 0:
+                m.Add(self.T >= self.end[w] + self.A + own[w] + after[w])
         m.Minimize(self.T)
 
     # ---------------------------------------------------------------- hints
@@ -452,25 +464,24 @@ class _OverlapModel(_BucketsMixin):
         return order, self.read_buckets(solver, order)
 
 
-def _closure_sums(dag: nx.DiGraph, durations: list[int]) -> tuple[list[int], list[int]]:
-    """Return, per node 0..n-1, the summed durations of its ancestors and of its descendants.
+def _reach(dag: nx.DiGraph, n: int) -> np.ndarray:
+    """Boolean matrix: ``reach[v, u]`` when u is an ancestor of v (nodes 0..n-1).
 
-    Ancestor sets are rows of a boolean matrix filled in topological order
-    (a row is the OR of its predecessors' rows), so each sum is one masked
-    vector sum instead of a graph search per node.
+    Rows are filled in topological order, a row being the OR of its
+    predecessors' rows, so a sum over ancestors is one masked vector sum
+    instead of a graph search per node.
     """
-    n = len(durations)
-    weights = np.asarray(durations, dtype=np.int64)
+    reach = np.zeros((n, n), dtype=bool)
+    for v in nx.topological_sort(dag):
+        for u in dag.predecessors(v):
+            reach[v] |= reach[u]
+            reach[v, u] = True
+    return reach
 
-    def sums(graph: nx.DiGraph) -> list[int]:
-        reach = np.zeros((n, n), dtype=bool)
-        for v in nx.topological_sort(graph):
-            for u in graph.predecessors(v):
-                reach[v] |= reach[u]
-                reach[v, u] = True
-        return [int(weights[row].sum()) for row in reach]
 
-    return sums(dag), sums(dag.reverse(copy=False))
+def _masked_sums(reach: np.ndarray, weights: list[int]) -> list[int]:
+    w = np.asarray(weights, dtype=np.int64)
+    return [int(w[row].sum()) for row in reach]
 
 
 def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[str]]:
