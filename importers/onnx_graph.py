@@ -151,6 +151,7 @@ def from_onnx(
     spec = device if isinstance(device, DeviceSpec) else DeviceSpec.preset(device)
     name = name or path.stem
     model = _load(path)
+    _drop_weight_data(model)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     info = _tensor_info(model)
@@ -249,6 +250,21 @@ def _load(path: Path):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise GraphImportError(f"{str(path)!r} fails the ONNX checker: {first}") from None
     return model
+
+
+def _drop_weight_data(model) -> None:
+    """Free the values of large float initializers: only their shapes matter from here on.
+
+    Shape inference copies the whole model, weights included; without this a
+    500 MB model peaked at 3.5 GiB. Small and integer tensors (shape
+    constants that data propagation reads) keep their values.
+    """
+    for tensor in model.graph.initializer:
+        if tensor.data_type in _FLOAT_TYPES and math.prod(tensor.dims) > 1024:
+            tensor.ClearField("raw_data")
+            tensor.ClearField("float_data")
+            tensor.ClearField("double_data")
+            tensor.ClearField("int32_data")  # float16/bfloat16 values live here
 
 
 def _tensor_info(model) -> dict[str, tuple[list[int] | None, int]]:

@@ -1,7 +1,6 @@
-"""Applies plans to torch.distributed training.
+"""Applies plans to torch.distributed training (``wrap``, ``SCHEDOPT_PLAN``).
 
-Not written yet (tracked by its own issue); plans can already be made,
-saved, inspected and simulated.
+Not written yet: plans can already be made, saved, inspected and simulated.
 """
 
 __all__: list[str] = []
