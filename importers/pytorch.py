@@ -26,6 +26,7 @@ are the device roofline.
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from typing import Any, Callable, Literal
 
 from schedopt.backward import ForwardOp, ParamSpec, optimizer_step, training_graph
@@ -234,7 +235,7 @@ class AtenGraphBuilder:
         finished: dict[str, list[str]] = {}
         for pname, op_id in grads.items():
             finished.setdefault(op_id, []).append(pname)
-        ops = [Op(**{**_fields(o), "grads": tuple(finished.get(o.id, ()))}) for o in self.ops]
+        ops = [replace(o, grads=tuple(finished.get(o.id, ()))) for o in self.ops]
         specs = [ParamSpec(name=n, shape=tuple(p.shape), dtype=torch_dtype_name(p.dtype))
                  for n, p in self.params.items()]
         edges = list(dict.fromkeys(self.edges))
@@ -322,10 +323,6 @@ def _meta_args(node) -> tuple[tuple, dict]:
         return n.meta.get("val")
 
     return map_arg(node.args, value), map_arg(node.kwargs, value)
-
-
-def _fields(op: Op) -> dict[str, Any]:
-    return {f: getattr(op, f) for f in Op.__dataclass_fields__}
 
 
 # ------------------------------------------------------------------ module level

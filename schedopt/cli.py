@@ -290,7 +290,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         write_gantt(timeline, out / f"{name}.gantt.png", title=f"{graph.name} / {name}")
 
     def progress(items: list[str]) -> Iterable[str]:
-        quiet = args.format != "table" or not (sys.stderr.isatty() or args.progress)
+        quiet = not _show_progress(args)
         return items if quiet else _progress_bar(items)
 
     rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=save)
@@ -306,6 +306,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         write_json_atomic(out / "compare.json", rows)
         write_text_atomic(out / "compare.csv", format_csv(rows))
     return 0
+
+
+def _show_progress(args: argparse.Namespace) -> bool:
+    """A progress bar goes to a terminal (or anywhere with --progress), never beside JSON or CSV output."""
+    return args.format == "table" and (sys.stderr.isatty() or args.progress)
 
 
 def _progress_bar(items: list, desc: str = "solvers", unit: str = "solver") -> Iterator:
@@ -331,7 +336,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         raise SchedoptError("--bandwidths and --world-sizes need at least one value each (world sizes >= 1)")
     graph = _graph(args)
     base = _cluster(args)
-    quiet = args.format != "table" or not (sys.stderr.isatty() or args.progress)
+    quiet = not _show_progress(args)
     rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
                  time_limit_s=args.time_limit, seed=args.seed,
                  progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))

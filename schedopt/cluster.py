@@ -16,7 +16,7 @@ collectives of a process group), so the network is one FIFO channel.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Literal
 
 import numpy as np
@@ -131,10 +131,6 @@ class Cluster:
         if self.world_size == 1:
             return 0.0
         return self.fixed_s + self.seconds_per_byte * nbytes
-
-    def with_world_size(self, world_size: int) -> Cluster:
-        """Return the same network with another number of ranks."""
-        return replace(self, world_size=world_size)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form used inside plans."""

@@ -7,9 +7,7 @@ launch_s``. Measured times from ``schedopt profile`` replace the estimates.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any
-
+from dataclasses import dataclass
 from .errors import SchedoptError
 
 __all__ = ["DeviceSpec", "DEVICES"]
@@ -56,9 +54,6 @@ class DeviceSpec:
         if flops <= 0 and nbytes <= 0:
             return 0.0
         return max(flops / self.peak_flops, nbytes / self.mem_bandwidth_Bps) + self.launch_s
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # Dense 16-bit tensor-core peaks (the precision training runs in) and HBM

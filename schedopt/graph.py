@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -306,7 +306,7 @@ class TrainGraph:
         if unknown:
             raise InvalidGraphError(f"durations given for unknown ops: {', '.join(unknown[:5])}")
         ops = [
-            Op(**{**_op_fields(op), "duration_s": float(durations_s[op.id])}) if op.id in durations_s else op
+            replace(op, duration_s=float(durations_s[op.id])) if op.id in durations_s else op
             for op in self.ops.values()
         ]
         return TrainGraph(
@@ -381,10 +381,6 @@ class TrainGraph:
             InvalidGraphError: the JSON is not a valid graph.
         """
         return cls.from_json(read_json(path, what="graph", error=GraphImportError))
-
-
-def _op_fields(op: Op) -> dict[str, Any]:
-    return {name: getattr(op, name) for name in Op.__dataclass_fields__}
 
 
 def validate(graph: TrainGraph) -> None:

@@ -32,8 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Mapping
 
-import networkx as nx
-
 from .cluster import Cluster
 from .graph import TrainGraph
 from .plan import Plan, Prediction, chunk_bounds, validate

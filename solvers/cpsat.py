@@ -148,9 +148,11 @@ class _BucketsMixin:
     c: list[int]
     A: int
     B: int
+    start: list[Any]
     end: list[Any]
     coarse: Coarse
     graph: TrainGraph
+    head: list[str]  # ops fixed before every free op, in order
 
     def add_buckets(self, m, horizon: int) -> None:
         U, B = len(self.units), self.B
@@ -172,6 +174,14 @@ class _BucketsMixin:
             for u in range(U):
                 m.Add(self.bstart[b] >= self.end[self.unit_op[u]]).OnlyEnforceIf(self.x[u, b])
 
+    def expand(self, solver) -> tuple[list[str], list[list[str]]]:
+        """Read a solution: the fixed head, the free ops by start time, the optimizer; then the buckets."""
+        chain_order = sorted(range(len(self.coarse.chains)), key=lambda i: solver.Value(self.start[i]))
+        free = [o for i in chain_order for o in self.coarse.chains[i]]
+        optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
+        order = self.head + free + optimizer
+        return order, self.read_buckets(solver, order)
+
     def read_buckets(self, solver, order: list[str]) -> list[list[str]]:
         """The used buckets of a solution, each in gradient-ready order under ``order``."""
         position = {o: k for k, o in enumerate(order)}
@@ -190,7 +200,7 @@ class _Model(_BucketsMixin):
         from ortools.sat.python import cp_model
 
         graph, cluster = problem.graph, problem.cluster
-        self.graph, self.tick_s, self.prefix = graph, tick_s, prefix
+        self.graph, self.tick_s, self.head = graph, tick_s, prefix
         self.coarse = coarsen(graph, free)
         chains = self.coarse.chains
         self.dur = [sum(_ticks(graph.ops[o].duration_s, tick_s) for o in chain) for chain in chains]
@@ -287,14 +297,6 @@ class _Model(_BucketsMixin):
         values[self.T] = T
         return values
 
-    def expand(self, solver) -> tuple[list[str], list[list[str]]]:
-        """Read the op order and the buckets of a solution."""
-        chain_order = sorted(range(len(self.coarse.chains)), key=lambda i: solver.Value(self.start[i]))
-        free = [o for i in chain_order for o in self.coarse.chains[i]]
-        optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
-        order = self.prefix + free + optimizer
-        return order, self.read_buckets(solver, order)
-
 
 class _OverlapModel(_BucketsMixin):
     """The cyclic CP-SAT model of the ``overlap`` steady state (see the module docstring)."""
@@ -304,7 +306,7 @@ class _OverlapModel(_BucketsMixin):
         from ortools.sat.python import cp_model
 
         graph, cluster = problem.graph, problem.cluster
-        self.graph, self.forward = graph, forward
+        self.graph, self.forward, self.head = graph, forward, forward
         self.coarse = coarsen(graph, backward)
         chains = self.coarse.chains
         fwd_dur = self.fwd_dur = [_ticks(graph.ops[o].duration_s, tick_s) for o in forward]
@@ -458,13 +460,6 @@ class _OverlapModel(_BucketsMixin):
                 values[self.x[u, k]] = int(bucket_of[u] == k)
             values[self.used[k]] = int(bool(members[k]))
         return values
-
-    def expand(self, solver) -> tuple[list[str], list[list[str]]]:
-        chain_order = sorted(range(len(self.coarse.chains)), key=lambda i: solver.Value(self.start[i]))
-        backward = [o for i in chain_order for o in self.coarse.chains[i]]
-        optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
-        order = self.forward + backward + optimizer
-        return order, self.read_buckets(solver, order)
 
 
 def _reach(dag: nx.DiGraph, n: int) -> np.ndarray:
