@@ -79,10 +79,15 @@ from schedopt.simulate import simulate, update_costs
 from .bucketing import optimal_contiguous_buckets
 from .caramel import caramel_order
 from .common import require_positive
+from .overlap_search import SteadyState, improve_buckets
 from .registry import SOLVERS, register
 
 __all__ = ["solve_cpsat", "coarsen", "CpsatProgress"]
 
+#: Overlap mode: the bucket search starts from the best plan of this many distinct op orders.
+SEARCH_ORDERS = 2
+#: Overlap mode: the share of the time limit the bucket search may use at most.
+SEARCH_SHARE = 0.2
 #: The horizon of the best warm start, in ticks.
 HORIZON_TICKS = 1_000_000
 #: Above this many variables CP-SAT's presolve does not finish within a minute on 2 workers
@@ -448,8 +453,8 @@ class _OverlapModel(_BucketsMixin):
         values[self.T] = period
         for k in range(self.B):
             values[self.vdur[k]] = upd[k]
-            if self.vstart[k] not in values:  # an unused bucket: an empty update anywhere
-                values[self.vstart[k]] = min(max(values[self.bstart[k]] + size[k] - period, 0), period)
+            if self.vstart[k] not in values:  # an unused bucket: an empty update at the end of the period
+                values[self.vstart[k]] = period  # (inside an op, CP-SAT's NoOverlap rejects even an empty one)
             values[self.vend[k]] = values[self.vstart[k]] + upd[k]
             readers = [self.reader[u] for u in members[k]]
             first = min(readers) if readers else len(self.forward)
@@ -497,13 +502,29 @@ def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[
     return prefix, free
 
 
-def _warm_starts(problem: Problem, seed: int) -> list[Plan]:
+def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[Plan]:
+    """The heuristics' plans, the exact contiguous bucketing of two orders and, in ``overlap``
+    mode, the local search of :mod:`.overlap_search` from the best plan of each order."""
     graph = problem.graph
     plans = [SOLVERS[name](problem, seed=seed) for name in SOLVERS if name != "cpsat"]
     for order in (engine_order(graph), caramel_order(problem)):
         buckets, _ = optimal_contiguous_buckets(graph, order, problem.cluster)
         plans.append(Plan.for_problem(problem, order=order, buckets=buckets,
                                       solver=SolverInfo(name="contiguous-dp")))
+    if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
+        return plans
+    by_order: dict[tuple[str, ...], tuple[float, Plan]] = {}
+    for plan in plans:
+        t = simulate(problem, plan).iteration_s
+        if plan.order not in by_order or t < by_order[plan.order][0]:
+            by_order[plan.order] = (t, plan)
+    starts = sorted(by_order.values(), key=lambda tp: tp[0])[:SEARCH_ORDERS]
+    for _, plan in starts:
+        state = SteadyState(problem, plan.order)
+        buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
+                                     seed=seed, time_limit_s=search_s / len(starts))
+        plans.append(Plan.for_problem(problem, order=plan.order, buckets=state.names(buckets),
+                                      solver=SolverInfo(name="overlap-search")))
     return plans
 
 
@@ -528,7 +549,7 @@ def solve_cpsat(
     time_limit_s = 60.0 if time_limit_s is None else time_limit_s
     require_positive(time_limit_s=time_limit_s, num_workers=num_workers)
     graph = problem.graph
-    candidates = _warm_starts(problem, seed)
+    candidates = _warm_starts(problem, seed, SEARCH_SHARE * time_limit_s)
     scored = sorted(((simulate(problem, p).iteration_s, k, p) for k, p in enumerate(candidates)))
     hint_s, _, hint_plan = scored[0]
     options = {"time_limit_s": time_limit_s, "num_workers": num_workers, "seed": seed,

@@ -1,0 +1,226 @@
+"""Local search over buckets for ``overlap`` mode: which gradients travel together, and in which order.
+
+In ``overlap`` mode the next step's forward waits, op by op, for the buckets
+its parameters are in. Buckets in ready order (every heuristic, and the
+exact barrier DP) send the last layers' gradients first, although the next
+forward needs them last; on a busy network the better plan holds some early
+gradients back so that the first layers' bucket is not stuck behind them.
+No closed form decides how much to hold back, so this module searches.
+
+:class:`SteadyState` evaluates a bucketing quickly for a fixed compute order
+and one chunk per bucket, with the simulator's semantics (an update runs
+right before the first op of the next step that reads its bucket, once the
+bucket's collective has ended; FIFO channel; period of the steady state).
+Per step it does ``O(units + buckets)`` work instead of walking every op,
+so a search tries thousands of bucketings a second.
+
+:func:`improve_buckets` is a first-improvement local search from a given
+bucketing: move one unit to another bucket, split a bucket (the part kept
+back goes last), merge two buckets, or move a bucket to another place in the
+collective order. A unit is the set of parameters one op finishes that have
+the same dtype and the same first reader; a bucket holds one dtype.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from bisect import bisect_right
+from itertools import accumulate
+from typing import Sequence
+
+from schedopt.problem import Problem
+from schedopt.simulate import update_costs
+
+__all__ = ["SteadyState", "improve_buckets"]
+
+_MAX_STEPS = 32
+
+
+class SteadyState:
+    """The overlap-mode period of bucketings under one fixed compute order (see module docstring)."""
+
+    def __init__(self, problem: Problem, order: Sequence[str]):
+        graph, cluster = problem.graph, problem.cluster
+        ops = [o for o in order if graph.ops[o].phase != "optimizer"]
+        position = {o: i for i, o in enumerate(ops)}
+        self.prefix = [0.0, *accumulate(graph.ops[o].duration_s for o in ops)]
+        first_read: dict[str, int] = {}
+        for i, o in enumerate(ops):
+            for name in graph.ops[o].reads:
+                first_read.setdefault(name, i)
+        per_param = update_costs(graph)
+        keyed: dict[tuple[int, str, int], list[str]] = {}
+        for name, p in graph.params.items():
+            keyed.setdefault((position[p.grad_op], p.dtype, first_read.get(name, len(ops))), []).append(name)
+        # units sorted by ready position: unit indices follow ready order
+        keys = sorted(keyed)
+        self.units = [keyed[k] for k in keys]
+        self.grad_pos = [k[0] for k in keys]
+        self.dtype = [k[1] for k in keys]
+        self.reader = [k[2] for k in keys]
+        self.bytes_s = [cluster.seconds_per_byte * sum(graph.params[n].nbytes for n in u) for u in self.units]
+        self.update_s = [sum(per_param[n] for n in u) for u in self.units]
+        self.fixed_s = cluster.fixed_s
+        self.num_ops = len(ops)
+
+    def period(self, buckets: Sequence[Sequence[int]]) -> float:
+        """Return the steady-state period of ``buckets`` (lists of unit indices, in collective order)."""
+        prefix, grad_pos = self.prefix, self.grad_pos
+        B = len(buckets)
+        size = [self.fixed_s + sum(self.bytes_s[u] for u in b) for b in buckets]
+        upd = [sum(self.update_s[u] for u in b) for b in buckets]
+        first = [min(self.reader[u] for u in b) for b in buckets]
+        last_ready_pos = [max(grad_pos[u] for u in b) for b in buckets]
+        need_order = sorted(range(B), key=lambda k: first[k])
+        need_pos = [first[k] for k in need_order]
+        done_prev = [0.0] * B
+        t_start, channel = 0.0, 0.0
+        starts: list[float] = []
+        for step in range(_MAX_STEPS):
+            starts.append(t_start)
+            # compute stream: delays accumulate at the update points, in position order
+            delay_at: list[float] = []  # cumulative delay after the k-th update point
+            delay = 0.0
+            for k in need_order:
+                if step > 0:
+                    t = t_start + prefix[first[k]] + delay
+                    t = max(t, done_prev[k]) + upd[k]
+                    delay = t - t_start - prefix[first[k]]
+                delay_at.append(delay)
+            end_of_step = t_start + prefix[-1] + delay
+            # channel, FIFO in collective order
+            for k in range(B):
+                p = last_ready_pos[k]
+                j = bisect_right(need_pos, p) - 1  # update points at or before op p delay it
+                ready = t_start + prefix[p + 1] + (delay_at[j] if j >= 0 else 0.0)
+                channel = max(channel, ready) + size[k]
+                done_prev[k] = channel
+            t_start = end_of_step
+            if len(starts) >= 5:
+                periods = [b - a for a, b in zip(starts[-4:], starts[-3:])]
+                if max(periods) - min(periods) <= 1e-12 * max(periods) + 1e-15:
+                    return periods[-1]
+        starts.append(t_start)
+        periods = [b - a for a, b in zip(starts[-5:], starts[-4:])]
+        return sum(periods) / len(periods)
+
+    def ready_order_buckets(self, buckets: Sequence[Sequence[str]]) -> list[list[int]]:
+        """Translate buckets of parameter names to unit indices (a unit goes with its earliest bucket)."""
+        home: dict[str, int] = {}
+        for k, b in enumerate(buckets):
+            for name in b:
+                home.setdefault(name, k)
+        out: list[list[int]] = [[] for _ in buckets]
+        for u, names in enumerate(self.units):
+            out[min(home[n] for n in names)].append(u)
+        return [b for b in out if b]
+
+    def names(self, buckets: Sequence[Sequence[int]]) -> list[list[str]]:
+        """Translate unit-index buckets back to parameter names, each in ready order."""
+        return [[n for u in sorted(b) for n in self.units[u]] for b in buckets]
+
+
+def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluations: int = 30_000,
+                    time_limit_s: float = 60.0, seed: int = 0) -> tuple[list[list[int]], float]:
+    """Return a bucketing at least as good as ``buckets`` and its period.
+
+    First-improvement descent over the module's moves; at a local optimum,
+    with time left, kick the best bucketing with a few random moves and
+    descend again (iterated local search), keeping the best found.
+    It stops after ``max_evaluations`` periods, so the result depends on
+    the seed only; ``time_limit_s`` is a safety net that cuts it shorter.
+    """
+    rng = random.Random(seed)
+    budget = _Budget(max_evaluations, time.perf_counter() + time_limit_s)
+    best = [list(b) for b in buckets]
+    best_t = state.period(best)
+    current, current_t = best, best_t
+    while True:
+        current, current_t = _descend(state, current, current_t, rng, budget)
+        if current_t < best_t * (1 - 1e-9):
+            best, best_t = current, current_t
+        if budget.spent() or len(state.units) < 2:
+            return best, best_t
+        current = best
+        for _ in range(rng.randint(2, 4)):
+            moves = _moves(current, rng)
+            kicked = next((nb for nb in (_apply(current, m, state.dtype) for m in moves) if nb is not None), None)
+            current = kicked or current
+        current_t = state.period(current)
+        budget.take()
+
+
+class _Budget:
+    """Evaluations left, and a wall-clock deadline as a safety net."""
+
+    def __init__(self, evaluations: int, deadline: float):
+        self.left, self.deadline = evaluations, deadline
+
+    def take(self) -> bool:
+        """Count one evaluation; False once the budget is spent."""
+        self.left -= 1
+        return not self.spent()
+
+    def spent(self) -> bool:
+        return self.left <= 0 or time.perf_counter() >= self.deadline
+
+
+def _descend(state: SteadyState, bs: list[list[int]], t: float, rng: random.Random,
+             budget: _Budget) -> tuple[list[list[int]], float]:
+    improved = True
+    while improved and not budget.spent():
+        improved = False
+        for move in _moves(bs, rng):
+            candidate = _apply(bs, move, state.dtype)
+            if candidate is None:
+                continue
+            t_new = state.period(candidate)
+            if t_new < t * (1 - 1e-9):
+                bs, t, improved = candidate, t_new, True
+                break
+            if not budget.take():
+                break
+    return bs, t
+
+
+def _moves(bs: list[list[int]], rng: random.Random) -> list[tuple]:
+    """Every move from ``bs``, shuffled: move a unit, split a bucket, place a bucket elsewhere, merge two."""
+    B = len(bs)
+    moves: list[tuple] = []
+    for k in range(B):
+        moves += [("move", k, u, j) for u in bs[k] for j in range(B + 1) if j != k]
+        for cut in range(1, len(bs[k])):
+            moves += [("split", k, cut, "late"), ("split", k, cut, "early")]
+        moves += [("place", k, j, None) for j in range(B) if j != k]
+        moves += [("merge", k, j, None) for j in range(k + 1, B)]
+    rng.shuffle(moves)
+    return moves
+
+
+def _apply(bs: list[list[int]], move: tuple, dtype: list[str]) -> list[list[int]] | None:
+    kind, k, a, b = move
+    out = [list(x) for x in bs]
+    if kind == "move":
+        u, j = a, b
+        out[k].remove(u)
+        if j == len(bs):
+            out.append([u])
+        elif dtype[out[j][0]] != dtype[u]:
+            return None
+        else:
+            out[j].append(u)
+    elif kind == "split":
+        members = sorted(out[k])
+        kept, held = (members[:a], members[a:]) if b == "late" else (members[a:], members[:a])
+        out[k] = kept
+        out.append(held)  # the part held back goes last
+    elif kind == "place":
+        bucket = out.pop(k)
+        out.insert(a, bucket)
+    elif kind == "merge":
+        if dtype[out[k][0]] != dtype[out[a][0]]:
+            return None
+        out[k] += out[a]
+        del out[a]
+    return [x for x in out if x]

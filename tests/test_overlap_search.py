@@ -1,0 +1,90 @@
+"""The overlap-mode bucket search: its fast period equals the simulator's, and it only ever improves."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from schedopt import Cluster, Plan, Problem, simulate
+from schedopt.orders import engine_order
+from schedopt.plan import SolverInfo
+from schedopt.solvers import get
+from schedopt.solvers.overlap_search import SteadyState, improve_buckets
+from schedopt.synthetic import chain, transformer_like
+
+from .strategies import train_graphs
+
+
+def simulated(problem: Problem, order, state: SteadyState, buckets) -> float:
+    plan = Plan.for_problem(problem, order=order, buckets=state.names(buckets), solver=SolverInfo(name="test"))
+    return simulate(problem, plan).iteration_s
+
+
+def random_buckets(rng: random.Random, state: SteadyState) -> list[list[int]]:
+    """Any partition of the units, in any collective order, one dtype per bucket."""
+    units = list(range(len(state.units)))
+    rng.shuffle(units)
+    k = rng.randint(1, len(units))
+    buckets: list[list[int]] = [[] for _ in range(k)]
+    for u in units:
+        buckets[rng.randrange(k)].append(u)
+    return [b for b in buckets if b]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=train_graphs(max_ops=8), world_size=st.integers(2, 64), bandwidth=st.floats(1e8, 2e10),
+       seed=st.integers(0, 1000))
+def test_fast_period_equals_the_simulator(graph, world_size, bandwidth, seed):
+    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=2e-6,
+                                                   call_s=5e-6), mode="overlap")
+    rng = random.Random(seed)
+    order = engine_order(graph)
+    state = SteadyState(problem, order)
+    for _ in range(3):
+        buckets = random_buckets(rng, state)
+        assert state.period(buckets) == pytest.approx(simulated(problem, order, state, buckets), rel=1e-9)
+
+
+@pytest.mark.parametrize("network", ["10gbe", "100gbe"])
+def test_fast_period_equals_the_simulator_on_a_transformer(network):
+    graph = transformer_like(4)
+    problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=16), mode="overlap")
+    plan = get("caramel")(problem)
+    state = SteadyState(problem, plan.order)
+    rng = random.Random(0)
+    for _ in range(10):
+        buckets = random_buckets(rng, state)
+        assert state.period(buckets) == pytest.approx(simulated(problem, plan.order, state, buckets), rel=1e-9)
+
+
+def test_search_holds_back_early_gradients_on_a_busy_network():
+    # compute and network about even: sending the last layers' gradients (ready first, needed
+    # last) after the first layers' lets the next forward start sooner (DDP's buckets: 8.0 ms,
+    # the search: 6.4 ms, lower bound 5.8 ms)
+    graph = chain(8, tokens=65536)
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
+    start = get("pytorch-ddp")(problem)
+    state = SteadyState(problem, start.order)
+    initial = state.ready_order_buckets([b.params for b in start.buckets])
+    buckets, period = improve_buckets(state, initial, max_evaluations=5_000)
+    assert period == pytest.approx(simulated(problem, start.order, state, buckets), rel=1e-9)
+    assert period < start.predicted.iteration_s * 0.9
+    ready_rank = [max(state.grad_pos[u] for u in b) for b in buckets]
+    assert ready_rank != sorted(ready_rank)  # some bucket is sent after a later-ready one
+
+
+def test_search_result_is_a_partition_and_deterministic():
+    graph = transformer_like(3)
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
+    start = get("caramel")(problem)
+    state = SteadyState(problem, start.order)
+    initial = state.ready_order_buckets([b.params for b in start.buckets])
+    first = improve_buckets(state, initial, max_evaluations=3_000, seed=7)
+    again = improve_buckets(state, initial, max_evaluations=3_000, seed=7)
+    assert first == again
+    buckets, period = first
+    assert sorted(u for b in buckets for u in b) == list(range(len(state.units)))
+    assert period <= state.period(initial)
