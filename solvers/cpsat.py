@@ -55,9 +55,23 @@ first reader, and ends before that reader (``AddMinEquality`` picks the first
 reader among the bucket's units, ``AddElement`` the times) — exactly where the
 simulator applies it. Units also split by first reader. The collectives of
 the next step queue behind this step's (``bstart[0] + T >= bstart[b] +
-bdur[b]``). Cut: ``T >= end[grad op] + A + c_u + update_u - fstart[reader]``
-for every unit. The objective ``T`` is the period; the warm start's values
-come from running it step by step in ticks until the period repeats.
+bdur[b]``). Cuts: ``T >= end[grad op] + A + c_u + update_u - fstart[reader]``
+for every unit; a constant *window bound* — the work that must run between
+the start of forward op j and the end of op w (descendants of j that are
+ancestors of w) plus one call and the bytes of every unit finished at or
+below w and read by j or earlier (these leave after w and are back before j
+runs again, one period later); and a *cycle cut* per bucket b: the channel's
+busy time from bucket 0 through b, b's update, and the least work from b's
+first reader to any gradient (the channel's idle before the next step's
+bucket 0) fit in one period. The objective ``T`` is the period; the warm
+start's values come from running it step by step in ticks until the period
+repeats. The overlap warm start adds a local search over buckets
+(:mod:`.overlap_search`): buckets sent out of ready order, which no
+heuristic tries, are where most of overlap mode's gain is.
+
+Scope of the proven bound: plans with at most ``B`` buckets (``B`` >= the
+warm start's count + 2, at least 8, at most the number of units), and in
+``overlap`` mode the warm start's forward order.
 """
 
 from __future__ import annotations
@@ -395,7 +409,64 @@ class _OverlapModel(_BucketsMixin):
         # cut: whatever its bucket, a unit crosses the network and is applied before its next first use
         for u in range(U):
             m.Add(self.T >= self.end[self.unit_op[u]] + self.A + self.c[u] + self.upd[u] - self.f[self.reader[u]])
+        W = self._windows(graph, position)
+        self.window_bound = self._window_bound(W)
+        m.Add(self.T >= self.window_bound)
+        # cycle cut: between the end of this step's bucket b and the start of the next step's bucket 0
+        # run b's update and the work from b's first reader to the earliest gradient (H), so the
+        # channel's busy time from bucket 0 through b plus that idle fits in one period
+        ops = [len(forward) + i for i in self.unit_op]
+        H = [int(round(W[ops, j].min())) for j in range(len(forward))] + [0]
+        for b in range(B):
+            idle = m.NewIntVar(0, max(H), f"idle[{b}]")
+            m.AddElement(self.first[b], H, idle)
+            m.Add(self.bstart[0] + self.T >= self.bstart[b] + self.bdur[b] + self.vdur[b] + idle)
         m.Minimize(self.T)
+
+    def _windows(self, graph: TrainGraph, position: dict[str, int]) -> np.ndarray:
+        """``W[v, j]``: ticks of work that must run between the start of forward op j and the end of node v.
+
+        Nodes: the forward ops (0..nf-1, chained in their fixed order) and the
+        coarse backward ops (nf + i). ``W[v, j]`` sums the durations of the
+        nodes that are both descendants-or-self of j and ancestors-or-self of v;
+        all of them run between the start of j and the end of v (0 when v is not
+        below j).
+        """
+        nf, nc = len(self.forward), len(self.coarse.chains)
+        n = nf + nc
+        dag = nx.DiGraph()
+        dag.add_nodes_from(range(n))
+        dag.add_edges_from((j, j + 1) for j in range(nf - 1))
+        dag.add_edges_from((nf + i, nf + j) for i, j in self.coarse.edges)
+        for a, b in graph.dag.edges:
+            if a in position and b in position:
+                dag.add_edge(position[a], position[b])
+            elif a in position and b in self.coarse.of:
+                dag.add_edge(position[a], nf + self.coarse.of[b])
+        self.below = _reach(dag, n) | np.eye(n, dtype=bool)  # below[v, u]: u is an ancestor of v, or v
+        dur = np.array(self.fwd_dur + self.dur, dtype=np.float64)
+        return (self.below * dur) @ self.below[:, :nf]  # exact: integer ticks far below 2**53
+
+    def _window_bound(self, W: np.ndarray) -> int:
+        """A constant lower bound on the period from the work inside transfer windows.
+
+        A unit finished by node w or below it and read first at or before
+        forward op j is sent after w ends and must be back before j starts
+        again one period later, so (with ``W`` from :meth:`_windows`)
+
+            T >= W[w, j] + A + (transfer of those units)          (w below j)
+            T >= W[op(u), reader(u)] + A + c_u + update_u          (every unit u)
+        """
+        nf = len(self.forward)
+        ops = np.array([nf + i for i in self.unit_op])
+        readers = np.array(self.reader)
+        c = np.array(self.c, dtype=np.float64)
+        per_unit = W[ops, readers] + self.A + c + np.array(self.upd)
+        finished_below = self.below[ops].T  # [w, u]: unit u's op is w or below it
+        read_by = readers[:, None] <= np.arange(nf)[None, :]  # [u, j]
+        window_bytes = (finished_below * c) @ read_by
+        windows = np.where((W > 0) & (window_bytes > 0), W + self.A + window_bytes, 0)
+        return int(round(max(per_unit.max(initial=0), windows.max(initial=0))))
 
     def hint(self, order: list[str], buckets: list[list[str]]) -> dict[Any, int]:
         """Return the variable values of a plan's steady state, in ticks.

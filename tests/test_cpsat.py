@@ -108,6 +108,22 @@ def test_cpsat_finds_the_brute_force_optimum(graph, world_size, bandwidth):
     assert plan.predicted.iteration_s == pytest.approx(brute_force(problem), rel=1e-4)
 
 
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=small_graphs(), world_size=st.integers(2, 16), bandwidth=st.floats(1e8, 1e10))
+def test_overlap_bound_never_exceeds_the_brute_force_optimum(graph, world_size, bandwidth):
+    """The cyclic model's cuts (window bound, cycle cut) cut off no plan: its bound stays below
+    the best period over every order and every ordered bucketing, and its plan reaches it when proven."""
+    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+                                                   latency_s=2e-5, call_s=1e-5), mode="overlap")
+    plan = get("cpsat")(problem, time_limit_s=20, num_workers=1)
+    best = brute_force(problem)
+    slack = tick_tolerance(plan)
+    assert plan.solver.bound_s <= best + slack
+    assert plan.predicted.iteration_s >= best * (1 - 1e-9)
+    if plan.solver.status == "OPTIMAL":
+        assert plan.predicted.iteration_s == pytest.approx(best, rel=1e-4, abs=slack)
+
+
 HEURISTICS = [name for name in SOLVERS if name != "cpsat"]
 
 

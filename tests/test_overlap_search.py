@@ -88,3 +88,27 @@ def test_search_result_is_a_partition_and_deterministic():
     buckets, period = first
     assert sorted(u for b in buckets for u in b) == list(range(len(state.units)))
     assert period <= state.period(initial)
+
+
+@pytest.mark.parametrize("network,world_size", [("10gbe", 8), ("100gbe", 64)])
+def test_cpsat_window_bound_holds_for_every_bucketing_tried(network, world_size):
+    # the overlap model's constant bound is valid for its forward order: no bucketing the search
+    # or a random draw visits (backward in the plan's order) has a shorter period
+    from schedopt.solvers.cpsat import HORIZON_TICKS, _OverlapModel
+
+    graph = transformer_like(3)
+    problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode="overlap")
+    plan = get("caramel")(problem)
+    tick = plan.predicted.iteration_s / HORIZON_TICKS
+    forward = [o for o in plan.order if graph.ops[o].phase == "forward"]
+    backward = [o for o in plan.order if graph.ops[o].phase == "backward"]
+    model = _OverlapModel(problem, forward, backward, tick, 4)
+    bound = model.window_bound * tick
+    assert bound > plan.predicted.lower_bound_s * 0.5  # not vacuous
+    state = SteadyState(problem, plan.order)
+    rng = random.Random(1)
+    periods = [state.period(random_buckets(rng, state)) for _ in range(200)]
+    periods.append(improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
+                                   max_evaluations=3_000)[1])
+    tolerance = tick * (len(plan.order) + 2 * len(graph.params))
+    assert min(periods) >= bound - tolerance
