@@ -100,6 +100,8 @@ __all__ = ["solve_cpsat", "coarsen", "CpsatProgress"]
 
 #: Overlap mode: the bucket search starts from the best plan of this many distinct op orders.
 SEARCH_ORDERS = 2
+#: Overlap mode: independent search runs per order, and the periods each may evaluate.
+SEARCH_RUNS, SEARCH_EVALUATIONS = 2, 10_000
 #: Overlap mode: the share of the time limit the bucket search may use at most.
 SEARCH_SHARE = 0.2
 #: The horizon of the best warm start, in ticks.
@@ -590,10 +592,12 @@ def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[Plan]:
         if plan.order not in by_order or t < by_order[plan.order][0]:
             by_order[plan.order] = (t, plan)
     starts = sorted(by_order.values(), key=lambda tp: tp[0])[:SEARCH_ORDERS]
-    for _, plan in starts:
+    runs = [(plan, seed + k) for _, plan in starts for k in range(SEARCH_RUNS)]
+    for plan, run_seed in runs:  # independent runs: the search's local optima differ by seed
         state = SteadyState(problem, plan.order)
         buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
-                                     seed=seed, time_limit_s=search_s / len(starts))
+                                     max_evaluations=SEARCH_EVALUATIONS, seed=run_seed,
+                                     time_limit_s=search_s / len(runs))
         plans.append(Plan.for_problem(problem, order=plan.order, buckets=state.names(buckets),
                                       solver=SolverInfo(name="overlap-search")))
     return plans

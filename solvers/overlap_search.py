@@ -35,6 +35,8 @@ from schedopt.simulate import update_costs
 __all__ = ["SteadyState", "improve_buckets"]
 
 _MAX_STEPS = 32
+#: The search moves on from a local optimum up to this much worse than the one it left.
+ACCEPT_WORSE = 0.003
 
 
 class SteadyState:
@@ -136,13 +138,16 @@ def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluat
     best = [list(b) for b in buckets]
     best_t = state.period(best)
     current, current_t = best, best_t
+    home, home_t = best, best_t
     while True:
         current, current_t = _descend(state, current, current_t, rng, budget)
         if current_t < best_t * (1 - 1e-9):
             best, best_t = current, current_t
+        if current_t <= home_t * (1 + ACCEPT_WORSE):
+            home, home_t = current, current_t
         if budget.spent() or len(state.units) < 2:
             return best, best_t
-        current = best
+        current = home
         for _ in range(rng.randint(2, 4)):
             moves = _moves(current, rng)
             kicked = next((nb for nb in (_apply(current, m, state.dtype) for m in moves) if nb is not None), None)
@@ -185,13 +190,16 @@ def _descend(state: SteadyState, bs: list[list[int]], t: float, rng: random.Rand
 
 
 def _moves(bs: list[list[int]], rng: random.Random) -> list[tuple]:
-    """Every move from ``bs``, shuffled: move a unit, split a bucket, place a bucket elsewhere, merge two."""
+    """Every move from ``bs``, shuffled: move a unit, move the earlier- or later-ready part of a bucket
+    into another bucket or a new last one, place a bucket elsewhere, merge two."""
     B = len(bs)
     moves: list[tuple] = []
     for k in range(B):
         moves += [("move", k, u, j) for u in bs[k] for j in range(B + 1) if j != k]
         for cut in range(1, len(bs[k])):
-            moves += [("split", k, cut, "late"), ("split", k, cut, "early")]
+            for j in range(B + 1):
+                if j != k:
+                    moves += [("split", k, cut, ("late", j)), ("split", k, cut, ("early", j))]
         moves += [("place", k, j, None) for j in range(B) if j != k]
         moves += [("merge", k, j, None) for j in range(k + 1, B)]
     rng.shuffle(moves)
@@ -210,11 +218,17 @@ def _apply(bs: list[list[int]], move: tuple, dtype: list[str]) -> list[list[int]
             return None
         else:
             out[j].append(u)
-    elif kind == "split":
+    elif kind == "split":  # the earlier- or later-ready part of bucket k joins bucket j, or goes last
+        side, j = b
         members = sorted(out[k])
-        kept, held = (members[:a], members[a:]) if b == "late" else (members[a:], members[:a])
+        kept, moved = (members[:a], members[a:]) if side == "late" else (members[a:], members[:a])
         out[k] = kept
-        out.append(held)  # the part held back goes last
+        if j == len(bs):
+            out.append(moved)
+        elif dtype[out[j][0]] != dtype[moved[0]]:
+            return None
+        else:
+            out[j] += moved
     elif kind == "place":
         bucket = out.pop(k)
         out.insert(a, bucket)
