@@ -69,6 +69,11 @@ repeats. The overlap warm start adds a local search over buckets
 (:mod:`.overlap_search`): buckets sent out of ready order, which no
 heuristic tries, are where most of overlap mode's gain is.
 
+Two phases: CP-SAT searches for 70% of the time left; if it has not proven
+optimality, the rest goes to a second solve with the incumbent as hint, ``T``
+capped at the incumbent, and CP-SAT's objective lower-bound search. Both
+bounds are valid; the plan records the higher.
+
 Scope of the proven bound: plans with at most ``B`` buckets (``B`` >= the
 warm start's count + 2, at least 8, at most the number of units), and in
 ``overlap`` mode the warm start's forward order.
@@ -708,6 +713,7 @@ def solve_cpsat(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return fallback("FEASIBLE", f"CP-SAT found no solution ({status_name})")
     best_bound = solver.BestObjectiveBound()
+    phase_bounds = {"search_bound_s": best_bound * tick_s + opt_s}
     left = time_limit_s - (time.perf_counter() - started)
     if status == cp_model.FEASIBLE and left > 0.5 and sizes["num_variables"] <= PRESOLVE_MAX_VARIABLES:
         m = model.model
@@ -719,6 +725,7 @@ def solve_cpsat(
         proven[0] = int(best_bound)
         second, status2 = run(left, use_objective_lb_search=True)
         if status2 in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            phase_bounds["lb_search_bound_s"] = second.BestObjectiveBound() * tick_s + opt_s
             best_bound = max(best_bound, second.BestObjectiveBound())
             if second.ObjectiveValue() < solver.ObjectiveValue():
                 solver = second
@@ -730,11 +737,12 @@ def solve_cpsat(
     plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name="cpsat"))
     plan_s = simulate(problem, plan).iteration_s
     if plan_s >= hint_s:
+        sizes.update(phase_bounds, tick_s=tick_s)
         return fallback("OPTIMAL" if status == cp_model.OPTIMAL else "FEASIBLE",
                         "CP-SAT did not improve on its warm start", bound_s=min(bound_s, hint_s))
     info = SolverInfo(name="cpsat", status=status_name, solve_time_s=time.perf_counter() - started,
                       objective_s=solver.ObjectiveValue() * tick_s + opt_s, bound_s=min(bound_s, plan_s),
-                      options={**options, "result": "cp-sat", "tick_s": tick_s, "hint_s": hint_s,
+                      options={**options, "result": "cp-sat", "tick_s": tick_s, "hint_s": hint_s, **phase_bounds,
                                **_model_size(model, B), "first_solution_s": first_solution_s[0]})
     return replace(plan, solver=info)
 
