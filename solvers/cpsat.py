@@ -418,14 +418,13 @@ class _OverlapModel(_BucketsMixin):
         # cut: whatever its bucket, a unit crosses the network and is applied before its next first use
         for u in range(U):
             m.Add(self.T >= self.end[self.unit_op[u]] + self.A + self.c[u] + self.upd[u] - self.f[self.reader[u]])
-        W = self._windows(graph, position)
+        W = self._windows(graph, position)  # rows: the units' ops
         self.window_bound = self._window_bound(W)
         m.Add(self.T >= self.window_bound)
         # cycle cut: between the end of this step's bucket b and the start of the next step's bucket 0
         # run b's update and the work from b's first reader to the earliest gradient (H), so the
         # channel's busy time from bucket 0 through b plus that idle fits in one period
-        ops = [len(forward) + i for i in self.unit_op]
-        H = [int(round(W[ops, j].min())) for j in range(len(forward))] + [0]
+        H = [int(round(h)) for h in W.min(axis=0)] + [0]
         for b in range(B):
             idle = m.NewIntVar(0, max(H), f"idle[{b}]")
             m.AddElement(self.first[b], H, idle)
@@ -433,13 +432,13 @@ class _OverlapModel(_BucketsMixin):
         m.Minimize(self.T)
 
     def _windows(self, graph: TrainGraph, position: dict[str, int]) -> np.ndarray:
-        """``W[v, j]``: ticks of work that must run between the start of forward op j and the end of node v.
+        """``W[u, j]``: ticks of work that must run between the start of forward op j and the end of unit u's op.
 
         Nodes: the forward ops (0..nf-1, chained in their fixed order) and the
-        coarse backward ops (nf + i). ``W[v, j]`` sums the durations of the
-        nodes that are both descendants-or-self of j and ancestors-or-self of v;
-        all of them run between the start of j and the end of v (0 when v is not
-        below j).
+        coarse backward ops (nf + i). ``W[u, j]`` sums the durations of the
+        nodes that are both descendants-or-self of j and ancestors-or-self of
+        u's op; all of them run between the start of j and the end of that op
+        (0 when it is not below j).
         """
         nf, nc = len(self.forward), len(self.coarse.chains)
         n = nf + nc
@@ -452,28 +451,32 @@ class _OverlapModel(_BucketsMixin):
                 dag.add_edge(position[a], position[b])
             elif a in position and b in self.coarse.of:
                 dag.add_edge(position[a], nf + self.coarse.of[b])
-        self.below = _reach(dag, n) | np.eye(n, dtype=bool)  # below[v, u]: u is an ancestor of v, or v
-        dur = np.array(self.fwd_dur + self.dur, dtype=np.float64)
-        return (self.below * dur) @ self.below[:, :nf]  # exact: integer ticks far below 2**53
+        below = _reach(dag, n)
+        below[np.arange(n), np.arange(n)] = True  # below[v, u]: u is an ancestor of v, or v itself
+        self.unit_below = below[[nf + i for i in self.unit_op]]  # [u, v]
+        dur = np.array(self.fwd_dur + self.dur, dtype=np.float32)
+        # float32 is exact here: every sum is at most the compute time, about 1e6 ticks < 2**24
+        return (self.unit_below * dur) @ below[:, :nf].astype(np.float32)
 
     def _window_bound(self, W: np.ndarray) -> int:
         """A constant lower bound on the period from the work inside transfer windows.
 
-        A unit finished by node w or below it and read first at or before
+        A unit finished by unit w's op or below it and read first at or before
         forward op j is sent after w ends and must be back before j starts
         again one period later, so (with ``W`` from :meth:`_windows`)
 
             T >= W[w, j] + A + (transfer of those units)          (w below j)
             T >= W[op(u), reader(u)] + A + c_u + update_u          (every unit u)
         """
-        nf = len(self.forward)
-        ops = np.array([nf + i for i in self.unit_op])
+        nf, U = len(self.forward), len(self.units)
+        ops = [nf + i for i in self.unit_op]
         readers = np.array(self.reader)
         c = np.array(self.c, dtype=np.float64)
-        per_unit = W[ops, readers] + self.A + c + np.array(self.upd)
-        finished_below = self.below[ops].T  # [w, u]: unit u's op is w or below it
+        W = W.astype(np.float64)
+        per_unit = W[np.arange(U), readers] + self.A + c + np.array(self.upd)
+        finished_below = self.unit_below[:, ops].T  # [w, u]: unit u's op is unit w's op or below it
         read_by = readers[:, None] <= np.arange(nf)[None, :]  # [u, j]
-        window_bytes = (finished_below * c) @ read_by
+        window_bytes = (finished_below * c) @ read_by  # [w, j]
         windows = np.where((W > 0) & (window_bytes > 0), W + self.A + window_bytes, 0)
         return int(round(max(per_unit.max(initial=0), windows.max(initial=0))))
 
