@@ -585,20 +585,24 @@ def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[
     return prefix, free
 
 
-def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[Plan]:
+def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[tuple[float, Plan]]:
     """The heuristics' plans, the exact contiguous bucketing of two orders and, in ``overlap``
-    mode, the local search of :mod:`.overlap_search` from the best plan of each order."""
+    mode, the local search of :mod:`.overlap_search` from the best plan of each order; each with
+    its simulated iteration time (every plan is simulated once: at scale that is most of the cost)."""
     graph = problem.graph
-    plans = [SOLVERS[name](problem, seed=seed) for name in SOLVERS if name != "cpsat"]
+    scored = [(plan.predicted.iteration_s, plan)
+              for plan in (SOLVERS[name](problem, seed=seed) for name in SOLVERS if name != "cpsat")]
+
+    def add(order, buckets, name: str) -> None:
+        plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name))
+        scored.append((simulate(problem, plan).iteration_s, plan))
+
     for order in (engine_order(graph), caramel_order(problem)):
-        buckets, _ = optimal_contiguous_buckets(graph, order, problem.cluster)
-        plans.append(Plan.for_problem(problem, order=order, buckets=buckets,
-                                      solver=SolverInfo(name="contiguous-dp")))
+        add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
     if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
-        return plans
+        return scored
     by_order: dict[tuple[str, ...], tuple[float, Plan]] = {}
-    for plan in plans:
-        t = simulate(problem, plan).iteration_s
+    for t, plan in scored:
         if plan.order not in by_order or t < by_order[plan.order][0]:
             by_order[plan.order] = (t, plan)
     starts = sorted(by_order.values(), key=lambda tp: tp[0])[:SEARCH_ORDERS]
@@ -608,9 +612,8 @@ def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[Plan]:
         buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
                                      max_evaluations=SEARCH_EVALUATIONS, seed=run_seed,
                                      time_limit_s=search_s / len(runs))
-        plans.append(Plan.for_problem(problem, order=plan.order, buckets=state.names(buckets),
-                                      solver=SolverInfo(name="overlap-search")))
-    return plans
+        add(plan.order, state.names(buckets), "overlap-search")
+    return scored
 
 
 @register("cpsat")
@@ -635,8 +638,7 @@ def solve_cpsat(
     require_positive(time_limit_s=time_limit_s, num_workers=num_workers)
     graph = problem.graph
     candidates = _warm_starts(problem, seed, SEARCH_SHARE * time_limit_s)
-    scored = sorted(((simulate(problem, p).iteration_s, k, p) for k, p in enumerate(candidates)))
-    hint_s, _, hint_plan = scored[0]
+    hint_s, _, hint_plan = min((t, k, p) for k, (t, p) in enumerate(candidates))
     options = {"time_limit_s": time_limit_s, "num_workers": num_workers, "seed": seed,
                "warm_start": hint_plan.solver.name}
 
