@@ -266,6 +266,7 @@ class _Model(_BucketsMixin):
         U, B = len(self.units), self.B
         self.add_buckets(m, horizon)
         self.T = m.NewIntVar(total, horizon, "T")
+        self.static_bound = total  # a constant lower bound on T (reported if CP-SAT finds nothing)
         for b in range(B):
             m.Add(self.T >= self.bstart[b] + self.bdur[b])
         # cuts
@@ -421,12 +422,15 @@ class _OverlapModel(_BucketsMixin):
         W = self._windows(graph, position)  # rows: the units' ops
         self.window_bound = self._window_bound(W)
         m.Add(self.T >= self.window_bound)
+        self.static_bound = max(total, self.A + sum(self.c), self.window_bound)
         # cycle cut: between the end of this step's bucket b and the start of the next step's bucket 0
         # run b's update and the work from b's first reader to the earliest gradient (H), so the
         # channel's busy time from bucket 0 through b plus that idle fits in one period
-        H = [int(round(h)) for h in W.min(axis=0)] + [0]
+        H = self.H = [int(round(h)) for h in W.min(axis=0)] + [0]
+        self.idle = []
         for b in range(B):
             idle = m.NewIntVar(0, max(H), f"idle[{b}]")
+            self.idle.append(idle)
             m.AddElement(self.first[b], H, idle)
             m.Add(self.bstart[0] + self.T >= self.bstart[b] + self.bdur[b] + self.vdur[b] + idle)
         m.Minimize(self.T)
@@ -542,6 +546,7 @@ class _OverlapModel(_BucketsMixin):
             readers = [self.reader[u] for u in members[k]]
             first = min(readers) if readers else len(self.forward)
             values[self.first[k]] = first
+            values[self.idle[k]] = self.H[first]
             values[self.after[k]] = (values[self.f[first - 1]] + fwd_dur[first - 1]) if 0 < first < len(self.forward) else 0
             values[self.before[k]] = values[self.f[first]] if first < len(self.forward) else period
             for u in range(len(self.units)):
@@ -716,7 +721,9 @@ def solve_cpsat(
     solver, status = run(left * (1 - BOUND_PHASE_SHARE))
     status_name = solver.StatusName(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return fallback("FEASIBLE", f"CP-SAT found no solution ({status_name})")
+        # the model's constant bound still holds (compute, all bytes, the overlap window bound)
+        return fallback("FEASIBLE", f"CP-SAT found no solution ({status_name})",
+                        bound_s=min(model.static_bound * tick_s + opt_s, hint_s))
     best_bound = solver.BestObjectiveBound()
     phase_bounds = {"search_bound_s": best_bound * tick_s + opt_s}
     left = time_limit_s - (time.perf_counter() - started)
