@@ -32,7 +32,7 @@ from schedopt.orders import engine_order
 from schedopt.plan import Bucket, Plan, SolverInfo
 from schedopt.problem import Problem
 
-from .common import grad_groups, require_positive
+from .common import first_readers, grad_groups, require_positive
 from .registry import register
 
 __all__ = ["credit_schedule", "solve_bytescheduler"]
@@ -84,10 +84,7 @@ def solve_bytescheduler(
     graph, cluster = problem.graph, problem.cluster
     order = engine_order(graph)
     ready = {name: g.ready_s for g in grad_groups(graph, order) for name in g.params}
-    first_use = {name: math.inf for name in graph.params}
-    for position, op_id in enumerate(order):
-        for name in graph.ops[op_id].reads:
-            first_use[name] = min(first_use[name], position)
+    first_use = first_readers(graph, order)
     chunks = {name: max(1, min(math.ceil(p.nbytes / partition_bytes), p.numel)) for name, p in graph.params.items()}
     duration = {}
     for name, p in graph.params.items():

@@ -8,7 +8,7 @@ from typing import Sequence
 from schedopt.errors import SolverError
 from schedopt.graph import TrainGraph
 
-__all__ = ["GradGroup", "compute_end_times", "grad_groups", "require_positive"]
+__all__ = ["GradGroup", "compute_end_times", "first_readers", "grad_groups", "require_positive"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,18 @@ def grad_groups(graph: TrainGraph, order: Sequence[str]) -> list[GradGroup]:
     ]
     position = {op_id: i for i, op_id in enumerate(order)}
     return sorted(groups, key=lambda g: position[g.op])
+
+
+def first_readers(graph: TrainGraph, ops: Sequence[str]) -> dict[str, int]:
+    """Return parameter -> index in ``ops`` of the first op reading it; ``len(ops)`` when none does.
+
+    In ``overlap`` mode that op is where the parameter's bucket is updated.
+    """
+    first = dict.fromkeys(graph.params, len(ops))
+    for i in reversed(range(len(ops))):
+        for name in graph.ops[ops[i]].reads:
+            first[name] = i
+    return first
 
 
 def require_positive(**values: float) -> None:

@@ -97,7 +97,7 @@ from schedopt.simulate import simulate, update_costs
 
 from .bucketing import optimal_contiguous_buckets
 from .caramel import caramel_order
-from .common import require_positive
+from .common import first_readers, require_positive
 from .overlap_search import SteadyState, improve_buckets
 from .registry import SOLVERS, register
 
@@ -341,10 +341,7 @@ class _OverlapModel(_BucketsMixin):
         fwd_dur = self.fwd_dur = [_ticks(graph.ops[o].duration_s, tick_s) for o in forward]
         self.dur = [sum(_ticks(graph.ops[o].duration_s, tick_s) for o in chain) for chain in chains]
         position = {o: j for j, o in enumerate(forward)}
-        first_reader: dict[str, int] = {}
-        for j, o in enumerate(forward):
-            for name in graph.ops[o].reads:
-                first_reader.setdefault(name, j)
+        first_reader = first_readers(graph, forward)
         per_param = update_costs(graph)
         units: dict[tuple[str, str, int], list[str]] = {}
         for name, p in graph.params.items():
@@ -662,10 +659,10 @@ def solve_cpsat(
     hint_buckets = [list(b.params) for b in hint_plan.buckets]
     if max_buckets is not None and max_buckets < 1:
         raise SolverError(f"option max_buckets must be >= 1, got {max_buckets}")
+    num_units = len({(p.grad_op, p.dtype) for p in graph.params.values()})
+    B = max_buckets or min(num_units, max(len(hint_buckets) + 2, 8))
     if problem.mode == "barrier":
         prefix, free = _split_prefix(graph, hint_plan.order)
-        num_units = len({(p.grad_op, p.dtype) for p in graph.params.values()})
-        B = max_buckets or min(num_units, max(len(hint_buckets) + 2, 8))
         model: _Model | _OverlapModel = _Model(problem, prefix, free, tick_s, B)
     else:
         forward = [o for o in hint_plan.order if graph.ops[o].phase == "forward"]
@@ -673,8 +670,6 @@ def solve_cpsat(
         if set(graph.params) - read:
             return fallback("FEASIBLE", "a parameter no forward op reads: the overlap model needs a first use")
         backward = [o for o in hint_plan.order if graph.ops[o].phase == "backward"]
-        num_units = len({(p.grad_op, p.dtype) for p in graph.params.values()})
-        B = max_buckets or min(num_units, max(len(hint_buckets) + 2, 8))
         model = _OverlapModel(problem, forward, backward, tick_s, B)
     sizes.update(_model_size(model, B))
     hint = model.hint(hint_plan.order, hint_buckets)

@@ -34,6 +34,8 @@ from typing import Sequence
 from schedopt.problem import Problem
 from schedopt.simulate import update_costs
 
+from .common import first_readers
+
 __all__ = ["SteadyState", "improve_buckets"]
 
 _MAX_STEPS = 32
@@ -49,14 +51,11 @@ class SteadyState:
         ops = [o for o in order if graph.ops[o].phase != "optimizer"]
         position = {o: i for i, o in enumerate(ops)}
         self.prefix = [0.0, *accumulate(graph.ops[o].duration_s for o in ops)]
-        first_read: dict[str, int] = {}
-        for i, o in enumerate(ops):
-            for name in graph.ops[o].reads:
-                first_read.setdefault(name, i)
+        first_read = first_readers(graph, ops)
         per_param = update_costs(graph)
         keyed: dict[tuple[int, str, int], list[str]] = {}
         for name, p in graph.params.items():
-            keyed.setdefault((position[p.grad_op], p.dtype, first_read.get(name, len(ops))), []).append(name)
+            keyed.setdefault((position[p.grad_op], p.dtype, first_read[name]), []).append(name)
         # units sorted by ready position: unit indices follow ready order
         keys = sorted(keyed)
         self.units = [keyed[k] for k in keys]
@@ -66,7 +65,6 @@ class SteadyState:
         self.bytes_s = [cluster.seconds_per_byte * sum(graph.params[n].nbytes for n in u) for u in self.units]
         self.update_s = [sum(per_param[n] for n in u) for u in self.units]
         self.fixed_s = cluster.fixed_s
-        self.num_ops = len(ops)
 
     def period(self, buckets: Sequence[Sequence[int]]) -> float:
         """Return the steady-state period of ``buckets`` (lists of unit indices, in collective order)."""

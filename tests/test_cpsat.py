@@ -199,9 +199,8 @@ def test_bound_phase_keeps_the_higher_bound():
     problem = Problem(graph=transformer_like(12), cluster=Cluster.preset("100gbe", world_size=8))
     plan = get("cpsat")(problem, time_limit_s=3, num_workers=2)
     options = plan.solver.options
-    if plan.solver.status == "OPTIMAL" and "lb_search_bound_s" not in options:
-        pytest.skip("proven optimal in the search phase")
-    assert "search_bound_s" in options and "lb_search_bound_s" in options
-    best = max(options["search_bound_s"], options["lb_search_bound_s"])
+    # the bound phase runs unless the search phase proved optimality (it did not, in every run so far)
+    assert "lb_search_bound_s" in options or plan.solver.status == "OPTIMAL"
+    best = max(options["search_bound_s"], options.get("lb_search_bound_s", 0.0))
     assert plan.solver.bound_s == pytest.approx(min(best, plan.solver.objective_s), abs=tick_tolerance(plan))
     assert plan.solver.bound_s <= plan.predicted.iteration_s + tick_tolerance(plan)
