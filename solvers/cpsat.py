@@ -77,6 +77,12 @@ bounds are valid; the plan records the higher.
 Scope of the proven bound: plans with at most ``B`` buckets (``B`` >= the
 warm start's count + 2, at least 8, at most the number of units), and in
 ``overlap`` mode the warm start's forward order.
+
+Time: each heuristic's own search gets 10% of the time limit (only
+Caramel's chunk trials take long), the overlap bucket search 20%, CP-SAT
+the rest. An overlap model of more than ``OVERLAP_MAX_PAIRS`` (unit, bucket)
+pairs is not solved (CP-SAT's first propagation of it overruns the limit):
+the warm start is returned with the model's constant bound.
 """
 
 from __future__ import annotations
@@ -111,11 +117,19 @@ BOUND_PHASE_SHARE = 0.3
 SEARCH_RUNS, SEARCH_EVALUATIONS = 2, 10_000
 #: Overlap mode: the share of the time limit the bucket search may use at most.
 SEARCH_SHARE = 0.2
+#: The share of the time limit each heuristic's own search may use (Caramel's chunk trials: 40 s
+#: unbounded on transformer_like(96), one 0.4 s simulation per trial).
+HEURISTIC_SHARE = 0.1
 #: The horizon of the best warm start, in ticks.
 HORIZON_TICKS = 1_000_000
 #: Above this many variables CP-SAT's presolve does not finish within a minute on 2 workers
 #: (transformer_like(96) at aten granularity: no solution with it, the hint and a 2.3% bound without).
 PRESOLVE_MAX_VARIABLES = 50_000
+#: Overlap mode: above this many (unit, bucket) pairs CP-SAT is not run. Its initial propagation of
+#: the cyclic model ignores the time limit there (transformer_like(96): 1,156 units x 390 buckets,
+#: 56 s for a 10 s limit), and below it (transformer_like(48), 123k variables) it finds nothing
+#: beyond the warm start in 60 s anyway; the warm start is returned with the model's constant bound.
+OVERLAP_MAX_PAIRS = 150_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,15 +346,13 @@ class _OverlapModel(_BucketsMixin):
 
     def __init__(self, problem: Problem, forward: list[str], backward: list[str], tick_s: float,
                  num_buckets: int):
-        from ortools.sat.python import cp_model
-
+        """Prepare the data and the constant bound; :meth:`build` creates the CP-SAT model."""
         graph, cluster = problem.graph, problem.cluster
         self.graph, self.forward, self.head = graph, forward, forward
         self.coarse = coarsen(graph, backward)
         chains = self.coarse.chains
-        fwd_dur = self.fwd_dur = [_ticks(graph.ops[o].duration_s, tick_s) for o in forward]
+        self.fwd_dur = [_ticks(graph.ops[o].duration_s, tick_s) for o in forward]
         self.dur = [sum(_ticks(graph.ops[o].duration_s, tick_s) for o in chain) for chain in chains]
-        position = {o: j for j, o in enumerate(forward)}
         first_reader = first_readers(graph, forward)
         per_param = update_costs(graph)
         units: dict[tuple[str, str, int], list[str]] = {}
@@ -354,11 +366,23 @@ class _OverlapModel(_BucketsMixin):
         self.c = [_ticks(cluster.seconds_per_byte * sum(graph.params[n].nbytes for n in u), tick_s)
                   for u in self.units]
         self.B = num_buckets
-        U, B = len(self.units), num_buckets
+        self.position = {o: j for j, o in enumerate(forward)}
+        W = self._windows(graph, self.position)  # rows: the units' ops
+        self.window_bound = self._window_bound(W)
+        # H[j]: the least work from forward op j's start to the end of any gradient (for the cycle cut)
+        self.H = [int(round(h)) for h in W.min(axis=0)] + [0]
+        self.total = sum(self.fwd_dur) + sum(self.dur) + sum(self.upd)
+        self.static_bound = max(self.total, self.A + sum(self.c), self.window_bound)
 
+    def build(self) -> None:
+        """Create the CP-SAT model (``self.model``) over ``B`` candidate buckets."""
+        from ortools.sat.python import cp_model
+
+        graph, forward, position, fwd_dur = self.graph, self.forward, self.position, self.fwd_dur
+        chains, total = self.coarse.chains, self.total
+        U, B = len(self.units), self.B
         m = cp_model.CpModel()
         self.model = m
-        total = sum(fwd_dur) + sum(self.dur) + sum(self.upd)
         horizon = 3 * (total + self.A * U + sum(self.c)) + 1
         self.T = m.NewIntVar(max(total, self.A + sum(self.c)), horizon, "T")
         # forward ops in their fixed order; backward ops free; all inside the period [0, T]
@@ -416,14 +440,11 @@ class _OverlapModel(_BucketsMixin):
         # cut: whatever its bucket, a unit crosses the network and is applied before its next first use
         for u in range(U):
             m.Add(self.T >= self.end[self.unit_op[u]] + self.A + self.c[u] + self.upd[u] - self.f[self.reader[u]])
-        W = self._windows(graph, position)  # rows: the units' ops
-        self.window_bound = self._window_bound(W)
         m.Add(self.T >= self.window_bound)
-        self.static_bound = max(total, self.A + sum(self.c), self.window_bound)
         # cycle cut: between the end of this step's bucket b and the start of the next step's bucket 0
         # run b's update and the work from b's first reader to the earliest gradient (H), so the
         # channel's busy time from bucket 0 through b plus that idle fits in one period
-        H = self.H = [int(round(h)) for h in W.min(axis=0)] + [0]
+        H = self.H
         self.idle = []
         for b in range(B):
             idle = m.NewIntVar(0, max(H), f"idle[{b}]")
@@ -587,13 +608,14 @@ def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[
     return prefix, free
 
 
-def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[tuple[float, Plan]]:
+def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple[float, Plan]]:
     """The heuristics' plans, the exact contiguous bucketing of two orders and, in ``overlap``
     mode, the local search of :mod:`.overlap_search` from the best plan of each order; each with
     its simulated iteration time (every plan is simulated once: at scale that is most of the cost)."""
     graph = problem.graph
-    scored = [(plan.predicted.iteration_s, plan)
-              for plan in (SOLVERS[name](problem, seed=seed) for name in SOLVERS if name != "cpsat")]
+    heuristics = (SOLVERS[name](problem, seed=seed, time_limit_s=HEURISTIC_SHARE * time_limit_s)
+                  for name in SOLVERS if name != "cpsat")
+    scored = [(plan.predicted.iteration_s, plan) for plan in heuristics]
 
     def add(order, buckets, name: str) -> None:
         plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name))
@@ -613,7 +635,7 @@ def _warm_starts(problem: Problem, seed: int, search_s: float) -> list[tuple[flo
         state = SteadyState(problem, plan.order)
         buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
                                      max_evaluations=SEARCH_EVALUATIONS, seed=run_seed,
-                                     time_limit_s=search_s / len(runs))
+                                     time_limit_s=SEARCH_SHARE * time_limit_s / len(runs))
         add(plan.order, state.names(buckets), "overlap-search")
     return scored
 
@@ -639,10 +661,11 @@ def solve_cpsat(
     time_limit_s = 60.0 if time_limit_s is None else time_limit_s
     require_positive(time_limit_s=time_limit_s, num_workers=num_workers)
     graph = problem.graph
-    candidates = _warm_starts(problem, seed, SEARCH_SHARE * time_limit_s)
+    candidates = _warm_starts(problem, seed, time_limit_s)
+    warm_start_s = time.perf_counter() - started
     hint_s, _, hint_plan = min((t, k, p) for k, (t, p) in enumerate(candidates))
     options = {"time_limit_s": time_limit_s, "num_workers": num_workers, "seed": seed,
-               "warm_start": hint_plan.solver.name}
+               "warm_start": hint_plan.solver.name, "warm_start_s": warm_start_s}
 
     sizes: dict[str, Any] = {}
 
@@ -671,6 +694,12 @@ def solve_cpsat(
             return fallback("FEASIBLE", "a parameter no forward op reads: the overlap model needs a first use")
         backward = [o for o in hint_plan.order if graph.ops[o].phase == "backward"]
         model = _OverlapModel(problem, forward, backward, tick_s, B)
+        if len(model.units) * B > OVERLAP_MAX_PAIRS:
+            sizes.update(num_coarse_ops=len(model.coarse.chains), num_units=len(model.units), num_buckets=B)
+            return fallback("FEASIBLE", f"the overlap model ({len(model.units)} units x {B} buckets) is too "
+                            f"large for CP-SAT; the warm start with the model's constant bound",
+                            bound_s=min(model.static_bound * tick_s, hint_s))
+        model.build()
     sizes.update(_model_size(model, B))
     hint = model.hint(hint_plan.order, hint_buckets)
     for var, value in hint.items():
@@ -684,6 +713,7 @@ def solve_cpsat(
             if var in model.x.values() or var in model.used:
                 model.model.AddHint(var, value)
 
+    options["model_s"] = time.perf_counter() - started - warm_start_s  # building it and checking the hint
     opt_s = graph.totals.optimizer_s if problem.mode == "barrier" else 0.0  # overlap: updates are in T
     first_solution_s: list[float] = []
     proven = [0]  # the best bound of an earlier phase, in ticks

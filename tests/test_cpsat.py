@@ -204,3 +204,16 @@ def test_bound_phase_keeps_the_higher_bound():
     best = max(options["search_bound_s"], options.get("lb_search_bound_s", 0.0))
     assert plan.solver.bound_s == pytest.approx(min(best, plan.solver.objective_s), abs=tick_tolerance(plan))
     assert plan.solver.bound_s <= plan.predicted.iteration_s + tick_tolerance(plan)
+
+
+def test_an_overlap_model_too_large_returns_the_warm_start_with_its_constant_bound(monkeypatch):
+    import schedopt.solvers.cpsat as cpsat
+
+    monkeypatch.setattr(cpsat, "OVERLAP_MAX_PAIRS", 1)
+    graph = transformer_like(2)
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
+    plan = get("cpsat")(problem, time_limit_s=5, num_workers=1)
+    assert plan.solver.status == "FEASIBLE" and plan.solver.options["result"] == "hint"
+    assert "too large" in plan.solver.options["why"]
+    compute = graph.totals.forward_s + graph.totals.backward_s + graph.totals.optimizer_s
+    assert compute * (1 - 1e-6) <= plan.solver.bound_s <= plan.predicted.iteration_s

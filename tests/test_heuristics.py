@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schedopt import Cluster, Plan, Problem, simulate
+from schedopt.errors import SolverError
 from schedopt.orders import engine_order
 from schedopt.plan import SolverInfo
 from schedopt.solvers import get
@@ -130,3 +131,17 @@ def test_contiguous_dp_beats_every_bucketing_of_its_order(graph, data):
     other = [b.params for b in data.draw(random_buckets(graph))]
     rival = simulate(problem, Plan.for_problem(problem, order=order, buckets=other, solver=SolverInfo(name="r")))
     assert dp <= rival.iteration_s * (1 + 1e-9)
+
+
+def test_caramel_pipeline_stops_at_its_deadline(chain3):
+    import time
+
+    from schedopt.solvers.caramel import pipeline
+
+    problem = Problem(graph=chain3, cluster=Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-6))
+    plan = Plan.for_problem(problem, order=["fwd", "b2", "b1", "opt"], buckets=[["w2", "w1"]],
+                            solver=SolverInfo(name="one-bucket"))
+    assert pipeline(problem, plan).buckets[0].chunks > 1  # w2's chunk leaves before w1 is ready
+    assert pipeline(problem, plan, deadline=time.perf_counter() - 1) is plan
+    with pytest.raises(SolverError, match="time_limit_s"):
+        get("caramel")(problem, time_limit_s=0)
