@@ -30,9 +30,16 @@ bucket ends; ``T >= F + sum d`` and ``T >= bstart[b] + bdur[b]``.
 
 Cuts that make the bound strong: ``bstart[0] >=`` the earliest any gradient
 can exist; ``T >= bstart[0] + sum_b bdur[b]`` (every byte after the first
-start); ``T >= end[grad op of u] + A + c_u`` for every unit; and a tail cut
+start); ``T >= end[grad op of u] + A + c_u`` for every unit; a tail cut
 per op w: ``T >= end[w] + A + (transfer ticks of every unit finished by w or
-by a descendant of w)`` — none of those bytes can leave before w ends.
+by a descendant of w)`` — none of those bytes can leave before w ends; and a
+constant *ready-time bound*: the exact bucketing DP (:mod:`.bucketing`) with
+every unit ready at its earliest possible time (its op's ancestors alone on
+the compute stream). Ready times are at least that under any order, and
+later ready times never shorten the best bucketing, so the DP's end bounds
+``T``; it counts calls against channel idle time, which the cuts above
+cannot (GPT-2 on 64 x 100 GbE: the bound from 2.2% to 1.0% below the
+warm start).
 
 Objective: minimize T; the iteration is ``T + T_opt`` (the optimizer after the
 barrier).
@@ -101,7 +108,7 @@ from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
 from schedopt.simulate import simulate, update_costs
 
-from .bucketing import optimal_contiguous_buckets
+from .bucketing import optimal_contiguous_buckets, segment_dp
 from .caramel import caramel_order
 from .common import first_readers, require_positive
 from .overlap_search import SteadyState, improve_buckets
@@ -280,7 +287,13 @@ class _Model(_BucketsMixin):
         U, B = len(self.units), self.B
         self.add_buckets(m, horizon)
         self.T = m.NewIntVar(total, horizon, "T")
-        self.static_bound = total  # a constant lower bound on T (reported if CP-SAT finds nothing)
+        # ready-time bound: every gradient is ready no earlier than its op's ancestors take alone, and
+        # later ready times never help, so the exact bucketing DP at those earliest times bounds T
+        earliest = [self.fixed + anc[i] + self.dur[i] for i in self.unit_op]
+        by_ready = sorted(range(U), key=earliest.__getitem__)
+        self.ready_bound = int(segment_dp([earliest[u] for u in by_ready], [self.c[u] for u in by_ready], self.A)[1])
+        m.Add(self.T >= self.ready_bound)
+        self.static_bound = max(total, self.ready_bound)  # a constant bound (reported if CP-SAT finds nothing)
         for b in range(B):
             m.Add(self.T >= self.bstart[b] + self.bdur[b])
         # cuts

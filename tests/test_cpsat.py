@@ -124,6 +124,35 @@ def test_overlap_bound_never_exceeds_the_brute_force_optimum(graph, world_size, 
         assert plan.predicted.iteration_s == pytest.approx(best, rel=1e-4, abs=slack)
 
 
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=small_graphs(), world_size=st.integers(2, 16), bandwidth=st.floats(1e8, 1e10))
+def test_ready_time_bound_never_exceeds_the_brute_force_optimum(graph, world_size, bandwidth):
+    """The barrier model's constant ready-time bound (the bucketing DP at every gradient's earliest
+    ready time) cuts off no plan, and it is at least the compute time."""
+    from schedopt.solvers.cpsat import _Model, _split_prefix
+
+    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+                                                   latency_s=2e-5, call_s=1e-5))
+    warm = get("caramel")(problem)
+    tick_s = warm.predicted.iteration_s / 1e6
+    model = _Model(problem, *_split_prefix(graph, list(warm.order)), tick_s, num_buckets=len(graph.params))
+    bound_s = model.ready_bound * tick_s + graph.totals.optimizer_s
+    best, slack = brute_force(problem), (len(graph.ops) + 2 * len(graph.params) + 2) * tick_s
+    assert bound_s <= best + slack
+    assert model.static_bound >= model.compute_end
+
+
+def test_ready_time_bound_is_exact_when_the_order_is_forced(chain3, two_ranks):
+    """chain3 has one order: b2 ends at 3 ms, b1 at 6 ms; the best plan sends [w2] at 3-5 and [w1] at 6-9 ms."""
+    from schedopt.solvers.cpsat import _Model, _split_prefix
+
+    problem = Problem(graph=chain3, cluster=two_ranks)
+    tick_s = 1e-6
+    model = _Model(problem, *_split_prefix(chain3, ["fwd", "b2", "b1", "opt"]), tick_s, num_buckets=2)
+    assert model.ready_bound * tick_s == pytest.approx(9e-3)
+    assert get("cpsat")(problem).predicted.iteration_s == pytest.approx(9.5e-3)
+
+
 HEURISTICS = [name for name in SOLVERS if name != "cpsat"]
 
 
