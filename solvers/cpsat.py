@@ -46,7 +46,8 @@ barrier).
 
 Warm start: the best plan among the heuristics and the exact contiguous
 bucketing (:mod:`.bucketing`) on the engine order and on Caramel's
-gradient-first order; its values are checked against the model (a solve
+gradient-first order (in ``barrier`` mode also on both with the forward ops
+that no backward op waits for moved after backward); its values are checked against the model (a solve
 with every variable fixed to the hint) and given to CP-SAT with
 ``AddHint``. If CP-SAT finds nothing better within the time limit, the hint's
 plan is returned with status ``FEASIBLE`` and ``options.result = "hint"``.
@@ -621,6 +622,22 @@ def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[
     return prefix, free
 
 
+def _defer_dead_forward(graph: TrainGraph, order: list[str]) -> list[str]:
+    """``order`` with the forward ops nothing in backward waits for (BatchNorm's running-statistics
+    updates at aten level: 188 ops, 0.47 ms on Inception) moved after the last backward op.
+
+    In ``barrier`` mode that never hurts: the compute ends at the same time and every gradient is
+    ready earlier. It is valid: such an op has no backward descendant, so no op it precedes stays.
+    """
+    prefix, free = _split_prefix(graph, order)
+    dead = [o for o in free if graph.ops[o].phase == "forward"]
+    if not dead:
+        return order
+    moved = set(dead)
+    optimizer = [o for o in order if graph.ops[o].phase == "optimizer"]
+    return [o for o in order if o not in moved and graph.ops[o].phase != "optimizer"] + dead + optimizer
+
+
 def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple[float, Plan]]:
     """The heuristics' plans, the exact contiguous bucketing of two orders and, in ``overlap``
     mode, the local search of :mod:`.overlap_search` from the best plan of each order; each with
@@ -634,7 +651,10 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
         plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name))
         scored.append((simulate(problem, plan).iteration_s, plan))
 
-    for order in (engine_order(graph), caramel_order(problem)):
+    orders = [engine_order(graph), caramel_order(problem)]
+    if problem.mode == "barrier":
+        orders += [_defer_dead_forward(graph, order) for order in orders]
+    for order in orders:
         add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
     if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
         return scored
