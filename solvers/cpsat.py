@@ -35,27 +35,31 @@ per op w: ``T >= end[w] + A + (transfer ticks of every unit finished by w or
 by a descendant of w)`` — none of those bytes can leave before w ends; and a
 constant *ready-time bound*: the exact bucketing DP (:mod:`.bucketing`) with
 every unit ready at its earliest possible time (its op's ancestors alone on
-the compute stream). Ready times are at least that under any order, and
-later ready times never shorten the best bucketing, so the DP's end bounds
-``T``; it counts calls against channel idle time, which the cuts above
-cannot (GPT-2 on 64 x 100 GbE: the bound from 2.2% to 1.0% below the
-warm start).
+the compute stream), and the unit ready last (the least over which one)
+not before every gradient op and their ancestors have run. Ready times are
+at least that under any order, and later ready times never shorten the
+best bucketing, so the DP's end bounds ``T``; it counts calls against
+channel idle time, which the cuts above cannot (GPT-2 on 64 x 100 GbE: the
+bound from 2.2% to 1.0% below the warm start; ResNet-50 on 8 x 100 GbE:
+proven optimal at once).
 
 Objective: minimize T; the iteration is ``T + T_opt`` (the optimizer after the
 barrier).
 
 Warm start: the best plan among the heuristics and the exact contiguous
 bucketing (:mod:`.bucketing`) on the engine order and on Caramel's
-gradient-first order (in ``barrier`` mode also on both with the forward ops
-that no backward op waits for moved after backward); its values are checked against the model (a solve
+gradient-first order, and on both with the forward ops that no backward op
+waits for moved after backward (in ``overlap`` mode those that read no
+parameter; the model treats them as free ops like backward); its values are checked against the model (a solve
 with every variable fixed to the hint) and given to CP-SAT with
 ``AddHint``. If CP-SAT finds nothing better within the time limit, the hint's
 plan is returned with status ``FEASIBLE`` and ``options.result = "hint"``.
 
 ``overlap`` mode, a cyclic model of one steady-state period ``T``: the
 forward ops keep the warm start's order (so each parameter's first reader is
-known) and run with the backward ops and one update interval per bucket
-inside ``[0, T]`` under one ``NoOverlap`` (the next step occupies
+known; forward ops that neither lead to backward nor read a parameter are
+free, like backward ops) and run with the backward ops and one update
+interval per bucket inside ``[0, T]`` under one ``NoOverlap`` (the next step occupies
 ``[T, 2T]``). A bucket's collective of the previous step ended at
 ``bstart + bdur - T`` in this frame; its update (the bucket's share of the
 optimizer, by bytes) starts after that and after the forward op before its
@@ -109,7 +113,7 @@ from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
 from schedopt.simulate import simulate, update_costs
 
-from .bucketing import optimal_contiguous_buckets, segment_dp
+from .bucketing import optimal_contiguous_buckets
 from .caramel import caramel_order
 from .common import first_readers, require_positive
 from .overlap_search import SteadyState, improve_buckets
@@ -288,11 +292,12 @@ class _Model(_BucketsMixin):
         U, B = len(self.units), self.B
         self.add_buckets(m, horizon)
         self.T = m.NewIntVar(total, horizon, "T")
-        # ready-time bound: every gradient is ready no earlier than its op's ancestors take alone, and
-        # later ready times never help, so the exact bucketing DP at those earliest times bounds T
-        earliest = [self.fixed + anc[i] + self.dur[i] for i in self.unit_op]
-        by_ready = sorted(range(U), key=earliest.__getitem__)
-        self.ready_bound = int(segment_dp([earliest[u] for u in by_ready], [self.c[u] for u in by_ready], self.A)[1])
+        # ready-time bound (see _ready_time_bound)
+        grad_ops = sorted(set(self.unit_op))
+        needed = ancestors[grad_ops].any(axis=0)
+        needed[grad_ops] = True
+        self.ready_bound = _ready_time_bound([self.fixed + anc[i] + self.dur[i] for i in self.unit_op], self.c,
+                                             self.A, all_ready=self.fixed + int(np.asarray(self.dur)[needed].sum()))
         m.Add(self.T >= self.ready_bound)
         self.static_bound = max(total, self.ready_bound)  # a constant bound (reported if CP-SAT finds nothing)
         for b in range(B):
@@ -607,6 +612,45 @@ def _masked_sums(reach: np.ndarray, weights: list[int]) -> list[int]:
     return [int(w[row].sum()) for row in reach]
 
 
+#: Above this many units the ready-time bound leaves out its O(units^3) last-gradient refinement.
+READY_BOUND_MAX_UNITS = 400
+
+
+def _ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready: int) -> int:
+    """A lower bound on the end of the last collective (barrier mode), in ticks.
+
+    Unit u cannot be ready before ``earliest[u]`` (its op after its ancestors alone), and the unit
+    ready last not before ``all_ready`` (every gradient op and their ancestors have run). Later
+    ready times never shorten the best bucketing, and for fixed ready times buckets contiguous in
+    ready order are optimal (:mod:`.bucketing`), so the least, over which unit w is last, of the
+    bucketing DP with ``ready[w] = max(earliest[w], all_ready)`` bounds every plan. Without the
+    refinement (many units) it is the DP at ``earliest`` alone.
+    """
+    by_ready = sorted(range(len(earliest)), key=earliest.__getitem__)
+    r = np.array([earliest[u] for u in by_ready], dtype=np.float64)
+    c = np.array([cost[u] for u in by_ready], dtype=np.float64)
+
+    def dp(r: np.ndarray, c: np.ndarray, best: list[float]) -> np.ndarray:
+        # best[i]: least end of segments covering items 0..i-1; extends a given prefix of it
+        prefix = np.concatenate([[0.0], np.cumsum(c)])
+        values = np.full(len(r) + 1, np.inf)
+        values[:len(best)] = best
+        for i in range(len(best), len(r) + 1):
+            values[i] = np.min(np.maximum(values[:i], r[i - 1]) - prefix[:i]) + call + prefix[i]
+        return values
+
+    full = dp(r, c, [0.0])
+    if len(r) > READY_BOUND_MAX_UNITS:
+        return int(full[-1])
+    bound = np.inf
+    for w in range(len(r)):  # w is the unit ready last: the others' DP, then w's bucket after all_ready
+        rest = dp(np.delete(r, w), np.delete(c, w), list(full[:w + 1]))
+        tail = np.concatenate([[0.0], np.cumsum(np.delete(c, w))])
+        last = np.maximum(rest, max(r[w], all_ready)) + call + c[w] + (tail[-1] - tail)
+        bound = min(bound, float(last.min()))
+    return int(max(bound, full[-1]))
+
+
 def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[str]]:
     """Forward ops with a backward descendant run first (fixed); the rest are free."""
     backward = [o for o in graph.ops if graph.ops[o].phase == "backward"]
@@ -622,15 +666,22 @@ def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[
     return prefix, free
 
 
-def _defer_dead_forward(graph: TrainGraph, order: list[str]) -> list[str]:
-    """``order`` with the forward ops nothing in backward waits for (BatchNorm's running-statistics
-    updates at aten level: 188 ops, 0.47 ms on Inception) moved after the last backward op.
+def _dead_forward(graph: TrainGraph, order: list[str], mode: str) -> list[str]:
+    """The forward ops no backward op waits for, in ``order`` (BatchNorm's running-statistics
+    updates at aten level: 188 ops, 0.47 ms on Inception). In ``overlap`` mode only those reading
+    no parameter: wherever one runs, no bucket's update has to come before it."""
+    free = _split_prefix(graph, order)[1]
+    return [o for o in free if graph.ops[o].phase == "forward" and (mode == "barrier" or not graph.ops[o].reads)]
 
-    In ``barrier`` mode that never hurts: the compute ends at the same time and every gradient is
-    ready earlier. It is valid: such an op has no backward descendant, so no op it precedes stays.
+
+def _defer_dead_forward(graph: TrainGraph, order: list[str], mode: str = "barrier") -> list[str]:
+    """``order`` with :func:`_dead_forward`'s ops moved after the last backward op.
+
+    That never hurts: the compute ends (and the next step starts) at the same time and every
+    gradient is ready earlier. It is valid: such an op has no backward descendant, so no op it
+    precedes is left before it.
     """
-    prefix, free = _split_prefix(graph, order)
-    dead = [o for o in free if graph.ops[o].phase == "forward"]
+    dead = _dead_forward(graph, order, mode)
     if not dead:
         return order
     moved = set(dead)
@@ -652,8 +703,8 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
         scored.append((simulate(problem, plan).iteration_s, plan))
 
     orders = [engine_order(graph), caramel_order(problem)]
-    if problem.mode == "barrier":
-        orders += [_defer_dead_forward(graph, order) for order in orders]
+    orders += [deferred for order in orders
+               if (deferred := _defer_dead_forward(graph, order, problem.mode)) != order]
     for order in orders:
         add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
     if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
@@ -721,11 +772,12 @@ def solve_cpsat(
         prefix, free = _split_prefix(graph, hint_plan.order)
         model: _Model | _OverlapModel = _Model(problem, prefix, free, tick_s, B)
     else:
-        forward = [o for o in hint_plan.order if graph.ops[o].phase == "forward"]
+        dead = set(_dead_forward(graph, hint_plan.order, "overlap"))  # free ops, like backward
+        forward = [o for o in hint_plan.order if graph.ops[o].phase == "forward" and o not in dead]
         read = {name for o in forward for name in graph.ops[o].reads}
         if set(graph.params) - read:
             return fallback("FEASIBLE", "a parameter no forward op reads: the overlap model needs a first use")
-        backward = [o for o in hint_plan.order if graph.ops[o].phase == "backward"]
+        backward = [o for o in hint_plan.order if graph.ops[o].phase == "backward" or o in dead]
         model = _OverlapModel(problem, forward, backward, tick_s, B)
         if len(model.units) * B > OVERLAP_MAX_PAIRS:
             sizes.update(num_coarse_ops=len(model.coarse.chains), num_units=len(model.units), num_buckets=B)

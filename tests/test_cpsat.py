@@ -272,3 +272,9 @@ def test_barrier_defers_forward_ops_no_gradient_waits_for(two_ranks):
     plan = get("cpsat")(problem, time_limit_s=5, num_workers=1)
     assert plan.order.index("stat") > plan.order.index("b1")
     assert plan.predicted.iteration_s == pytest.approx(9.5e-3)
+    # overlap: the model treats stat as a free op; the period's objective matches the simulator
+    overlap = Problem(graph=graph, cluster=two_ranks, mode="overlap")
+    plan = get("cpsat")(overlap, time_limit_s=5, num_workers=1)
+    assert plan.order.index("stat") > plan.order.index("b1")
+    assert plan.predicted.iteration_s <= get("caramel")(overlap).predicted.iteration_s - 1e-3
+    assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=tick_tolerance(plan))
