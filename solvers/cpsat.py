@@ -50,17 +50,18 @@ Warm start: the best plan among the heuristics and the exact contiguous
 bucketing (:mod:`.bucketing`) on the engine order and on Caramel's
 gradient-first order, and on both with the forward ops that no backward op
 waits for moved after backward (in ``overlap`` mode those that read no
-parameter; the model treats them as free ops like backward); its values are checked against the model (a solve
-with every variable fixed to the hint) and given to CP-SAT with
-``AddHint``. If CP-SAT finds nothing better within the time limit, the hint's
-plan is returned with status ``FEASIBLE`` and ``options.result = "hint"``.
+parameter; the model treats them as free ops like backward); its values
+are checked against the model (a solve with every variable fixed to the
+hint) and given to CP-SAT with ``AddHint``. If CP-SAT finds nothing better
+within the time limit, the hint's plan is returned with status ``FEASIBLE``
+and ``options.result = "hint"``.
 
 ``overlap`` mode, a cyclic model of one steady-state period ``T``: the
 forward ops keep the warm start's order (so each parameter's first reader is
 known; forward ops that neither lead to backward nor read a parameter are
 free, like backward ops) and run with the backward ops and one update
-interval per bucket inside ``[0, T]`` under one ``NoOverlap`` (the next step occupies
-``[T, 2T]``). A bucket's collective of the previous step ended at
+interval per bucket inside ``[0, T]`` under one ``NoOverlap`` (the next step
+occupies ``[T, 2T]``). A bucket's collective of the previous step ended at
 ``bstart + bdur - T`` in this frame; its update (the bucket's share of the
 optimizer, by bytes) starts after that and after the forward op before its
 first reader, and ends before that reader (``AddMinEquality`` picks the first
@@ -626,6 +627,8 @@ def _ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready
     bucketing DP with ``ready[w] = max(earliest[w], all_ready)`` bounds every plan. Without the
     refinement (many units) it is the DP at ``earliest`` alone.
     """
+    if not earliest:
+        return 0
     by_ready = sorted(range(len(earliest)), key=earliest.__getitem__)
     r = np.array([earliest[u] for u in by_ready], dtype=np.float64)
     c = np.array([cost[u] for u in by_ready], dtype=np.float64)
