@@ -21,14 +21,13 @@ strong heuristic (the simulator decides).
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Sequence
 
 from schedopt.cluster import Cluster
 from schedopt.graph import TrainGraph
 
 from .common import grad_groups
 
-__all__ = ["optimal_contiguous_buckets", "segment_dp"]
+__all__ = ["optimal_contiguous_buckets"]
 
 
 def optimal_contiguous_buckets(graph: TrainGraph, order: list[str], cluster: Cluster) -> tuple[list[list[str]], float]:
@@ -47,39 +46,28 @@ def optimal_contiguous_buckets(graph: TrainGraph, order: list[str], cluster: Clu
         for name in g.params:
             names.append(name)
             ready.append(g.ready_s)
-    if not names:
+    n = len(names)
+    if n == 0:
         return [], 0.0
     a, b = cluster.fixed_s, cluster.seconds_per_byte
     if cluster.world_size == 1:
         a = b = 0.0
-    dtype_run = [0] * len(names)  # first index of the run of equal dtypes that ends at i
-    for i in range(1, len(names)):
+    prefix = [0, *accumulate(graph.params[name].nbytes for name in names)]
+    dtype_run = [0] * n  # first index of the run of equal dtypes that ends at i
+    for i in range(1, n):
         same = graph.params[names[i]].dtype == graph.params[names[i - 1]].dtype
         dtype_run[i] = dtype_run[i - 1] if same else i
-    cuts, end = segment_dp(ready, [b * graph.params[name].nbytes for name in names], a, dtype_run)
-    return [names[j:i] for j, i in zip(cuts, cuts[1:])], end
-
-
-def segment_dp(ready: Sequence[float], cost: Sequence[float], call: float,
-               first_allowed: Sequence[int] | None = None) -> tuple[list[int], float]:
-    """The DP of the module docstring over items sorted by ``ready`` time.
-
-    Item k costs ``cost[k]`` on the channel, a segment ``call`` more; a
-    segment ending at item i may start no earlier than item
-    ``first_allowed[i]`` (default: any). Returns the segment boundaries
-    ``[0, ..., len(ready)]`` and the end of the last segment.
-    """
-    n = len(ready)
-    prefix = [0.0, *accumulate(cost)]
     best = [0.0] + [float("inf")] * n
     cut = [0] * (n + 1)
     for i in range(1, n + 1):
         last_ready = ready[i - 1]
-        for j in range(first_allowed[i - 1] if first_allowed is not None else 0, i):
-            end = max(best[j], last_ready) + call + (prefix[i] - prefix[j])
+        for j in range(dtype_run[i - 1], i):
+            end = max(best[j], last_ready) + a + b * (prefix[i] - prefix[j])
             if end < best[i]:
                 best[i], cut[i] = end, j
-    bounds = [n]
-    while bounds[-1] > 0:
-        bounds.append(cut[bounds[-1]])
-    return bounds[::-1], best[n]
+    buckets: list[list[str]] = []
+    i = n
+    while i > 0:
+        buckets.append(names[cut[i]:i])
+        i = cut[i]
+    return buckets[::-1], best[n]
