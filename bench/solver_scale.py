@@ -8,8 +8,9 @@ Cases: ``transformer_like`` with 12, 48 and 96 blocks at aten granularity
 aten level. Each case runs in its own process (peak MiB is that process's
 peak resident memory). "warm s" is the time spent on the warm starts (every
 heuristic, the bucket DP, in overlap mode the bucket search), "model s"
-building the CP-SAT model and checking the hint; "first s" is when CP-SAT reported its first solution
-(the warm start, repaired into the model); "gap" is to CP-SAT's own bound.
+building the CP-SAT model and checking the hint; "first s" is when CP-SAT
+reported its first solution (the warm start, repaired into the model); "gap"
+is to CP-SAT's own bound.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def main() -> int:
         print(json.dumps(run_case(args.one, args.network, args.world_size, args.mode, args.time_limit)))
         return 0
     print(f"{args.network}, {args.world_size} ranks, {args.mode}, time limit {args.time_limit:g} s")
-    print(f"{'case':<22} {'ops':>6} {'coarse':>6} {'vars':>7} {'warm s':>6} {'model s':>7} {'first s':>8} {'solve s':>8} {'wall s':>7} "
-          f"{'status':<9} {'result':<7} {'gap':>7} {'peak MiB':>9}")
+    print(f"{'case':<22} {'ops':>6} {'coarse':>6} {'vars':>7} {'warm s':>6} {'model s':>7} {'first s':>8} "
+          f"{'solve s':>8} {'wall s':>7} {'status':<9} {'result':<7} {'gap':>7} {'peak MiB':>9}")
     for case in args.cases.split(","):
         proc = subprocess.run([sys.executable, __file__, "--one", case, "--network", args.network,
                                "--world-size", str(args.world_size), "--mode", args.mode,
@@ -78,12 +79,11 @@ def main() -> int:
             print(f"{case:<22} FAILED: {proc.stderr.strip().splitlines()[-1] if proc.stderr else '?'}")
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
-        first = f"{r['first_solution_s']:.1f}" if r["first_solution_s"] is not None else "-"
-        warm = f"{r['warm_start_s']:.1f}" if r["warm_start_s"] is not None else "-"
-        built = f"{r['model_s']:.1f}" if r["model_s"] is not None else "-"
+        first, warm, built = (f"{r[key]:.1f}" if r[key] is not None else "-"
+                              for key in ("first_solution_s", "warm_start_s", "model_s"))
         gap = f"{r['gap']:.2%}" if r["gap"] is not None else "-"
-        print(f"{case:<22} {r['ops']:>6} {r['coarse_ops'] or '-':>6} {r['variables'] or '-':>7} {warm:>6} {built:>7} {first:>8} "
-              f"{r['solve_s']:>8.1f} {r['wall_s']:>7.1f} {r['status']:<9} {r['result']:<7} {gap:>7} "
+        print(f"{case:<22} {r['ops']:>6} {r['coarse_ops'] or '-':>6} {r['variables'] or '-':>7} {warm:>6} {built:>7} "
+              f"{first:>8} {r['solve_s']:>8.1f} {r['wall_s']:>7.1f} {r['status']:<9} {r['result']:<7} {gap:>7} "
               f"{r['peak_mib']:>9.0f}", flush=True)
     return 0
 

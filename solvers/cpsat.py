@@ -625,7 +625,7 @@ def _ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready
     ready last not before ``all_ready`` (every gradient op and their ancestors have run). Later
     ready times never shorten the best bucketing, and for fixed ready times buckets contiguous in
     ready order are optimal (:mod:`.bucketing`), so the least, over which unit w is last, of the
-    bucketing DP with ``ready[w] = max(earliest[w], all_ready)`` bounds every plan. Without the
+    bucketing DP with ``ready[w] = all_ready`` (at least ``earliest[w]``) bounds every plan. Without the
     refinement (many units) it is the DP at ``earliest`` alone.
     """
     if not earliest:
@@ -650,53 +650,57 @@ def _ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready
     for w in range(len(r)):  # w is the unit ready last: the others' DP, then w's bucket after all_ready
         rest = dp(np.delete(r, w), np.delete(c, w), list(full[:w + 1]))
         tail = np.concatenate([[0.0], np.cumsum(np.delete(c, w))])
-        last = np.maximum(rest, max(r[w], all_ready)) + call + c[w] + (tail[-1] - tail)
+        last = np.maximum(rest, all_ready) + call + c[w] + (tail[-1] - tail)  # all_ready >= every earliest
         bound = min(bound, float(last.min()))
     return int(max(bound, full[-1]))
 
 
+def _feeds_backward(graph: TrainGraph) -> set[str]:
+    """Every op with a backward descendant (one reverse search from all backward ops at once)."""
+    feeds: set[str] = set()
+    stack = [o for o in graph.ops if graph.ops[o].phase == "backward"]
+    while stack:
+        for u in graph.dag.predecessors(stack.pop()):
+            if u not in feeds:
+                feeds.add(u)
+                stack.append(u)
+    return feeds
+
+
 def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[str]]:
     """Forward ops with a backward descendant run first (fixed); the rest are free."""
-    backward = [o for o in graph.ops if graph.ops[o].phase == "backward"]
-    feeds_backward: set[str] = set()
-    stack = list(backward)
-    while stack:  # one reverse search from every backward op at once
-        for u in graph.dag.predecessors(stack.pop()):
-            if u not in feeds_backward:
-                feeds_backward.add(u)
-                stack.append(u)
-    prefix = [o for o in order if graph.ops[o].phase == "forward" and o in feeds_backward]
+    feeds = _feeds_backward(graph)
+    prefix = [o for o in order if graph.ops[o].phase == "forward" and o in feeds]
     free = [o for o in order if o not in prefix and graph.ops[o].phase != "optimizer"]
     return prefix, free
 
 
-def _dead_forward(graph: TrainGraph, order: list[str], mode: str) -> list[str]:
-    """The forward ops no backward op waits for, in ``order`` (BatchNorm's running-statistics
-    updates at aten level: 188 ops, 0.47 ms on Inception). In ``overlap`` mode only those reading
-    no parameter: wherever one runs, no bucket's update has to come before it."""
-    free = _split_prefix(graph, order)[1]
-    return [o for o in free if graph.ops[o].phase == "forward" and (mode == "barrier" or not graph.ops[o].reads)]
+def _dead_forward(graph: TrainGraph, mode: str) -> set[str]:
+    """The forward ops no backward op waits for (BatchNorm's running-statistics updates at aten
+    level: 188 ops, 0.47 ms on Inception). In ``overlap`` mode only those reading no parameter:
+    wherever one runs, no bucket's update has to come before it."""
+    feeds = _feeds_backward(graph)
+    return {o for o, op in graph.ops.items()
+            if op.phase == "forward" and o not in feeds and (mode == "barrier" or not op.reads)}
 
 
-def _defer_dead_forward(graph: TrainGraph, order: list[str], mode: str = "barrier") -> list[str]:
-    """``order`` with :func:`_dead_forward`'s ops moved after the last backward op.
+def _defer_dead_forward(graph: TrainGraph, order: list[str], dead: set[str]) -> list[str]:
+    """``order`` with the ops of ``dead`` (see :func:`_dead_forward`) moved after the last backward op.
 
     That never hurts: the compute ends (and the next step starts) at the same time and every
     gradient is ready earlier. It is valid: such an op has no backward descendant, so no op it
     precedes is left before it.
     """
-    dead = _dead_forward(graph, order, mode)
-    if not dead:
-        return order
-    moved = set(dead)
+    head = [o for o in order if o not in dead and graph.ops[o].phase != "optimizer"]
     optimizer = [o for o in order if graph.ops[o].phase == "optimizer"]
-    return [o for o in order if o not in moved and graph.ops[o].phase != "optimizer"] + dead + optimizer
+    return head + [o for o in order if o in dead] + optimizer
 
 
 def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple[float, Plan]]:
-    """The heuristics' plans, the exact contiguous bucketing of two orders and, in ``overlap``
-    mode, the local search of :mod:`.overlap_search` from the best plan of each order; each with
-    its simulated iteration time (every plan is simulated once: at scale that is most of the cost)."""
+    """The heuristics' plans, the exact contiguous bucketing of the engine and Caramel orders (each
+    also with :func:`_dead_forward`'s ops deferred) and, in ``overlap`` mode, the local search of
+    :mod:`.overlap_search` from the best plans of distinct orders; each with its simulated iteration
+    time (every plan is simulated once: at scale that is most of the cost)."""
     graph = problem.graph
     heuristics = (SOLVERS[name](problem, seed=seed, time_limit_s=HEURISTIC_SHARE * time_limit_s)
                   for name in SOLVERS if name != "cpsat")
@@ -706,16 +710,15 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
         plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name))
         scored.append((simulate(problem, plan).iteration_s, plan))
 
+    dead = _dead_forward(graph, problem.mode)
     orders = [engine_order(graph), caramel_order(problem)]
-    orders += [deferred for order in orders
-               if (deferred := _defer_dead_forward(graph, order, problem.mode)) != order]
+    orders += [deferred for order in orders if (deferred := _defer_dead_forward(graph, order, dead)) != order]
     for order in orders:
         add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
     if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
         return scored
     # the best plan per order, an order and its deferred variant counting as one (distinct starts
     # matter: the search's result depends on the order much more than on the deferral)
-    dead = set(_dead_forward(graph, orders[0], problem.mode))
     by_order: dict[tuple[str, ...], tuple[float, Plan]] = {}
     for t, plan in scored:
         key = tuple(o for o in plan.order if o not in dead)
@@ -780,7 +783,7 @@ def solve_cpsat(
         prefix, free = _split_prefix(graph, hint_plan.order)
         model: _Model | _OverlapModel = _Model(problem, prefix, free, tick_s, B)
     else:
-        dead = set(_dead_forward(graph, hint_plan.order, "overlap"))  # free ops, like backward
+        dead = _dead_forward(graph, "overlap")  # free ops, like backward
         forward = [o for o in hint_plan.order if graph.ops[o].phase == "forward" and o not in dead]
         read = {name for o in forward for name in graph.ops[o].reads}
         if set(graph.params) - read:

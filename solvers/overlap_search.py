@@ -19,8 +19,9 @@ given bucketing. Moves: one unit to another bucket or a new last one; the
 earlier- or later-ready part of a bucket into another bucket or a new last
 one (holding back); merge two buckets; place a bucket elsewhere in the
 collective order. Its local optima differ a lot by seed (ResNet-50, 64 x
-100 GbE: 21.7-22.4 ms over 9 seeds), so callers run it more than once. A unit is the set of parameters one op finishes that have
-the same dtype and the same first reader; a bucket holds one dtype.
+100 GbE: 21.7-22.4 ms over 9 seeds of 10k evaluations; longer runs narrow
+it). A unit is the set of parameters one op finishes that have the same
+dtype and the same first reader; a bucket holds one dtype.
 """
 
 from __future__ import annotations
