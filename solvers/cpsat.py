@@ -87,9 +87,15 @@ optimality, the rest goes to a second solve with the incumbent as hint, ``T``
 capped at the incumbent, and CP-SAT's objective lower-bound search. Both
 bounds are valid; the plan records the higher.
 
+Chunks: none. A chunked bucket is never faster than its chunks cut into
+buckets at parameter boundaries (:func:`.common.split_chunks`, a property
+test on random plans), so the warm start splits Caramel's chunks and the
+model searches buckets only.
+
 Scope of the proven bound: plans with at most ``B`` buckets (``B`` >= the
-warm start's count + 2, at least 8, at most the number of units), and in
-``overlap`` mode the warm start's forward order.
+warm start's count + 2, at least 8, at most the number of units; a chunked
+plan counts its pieces), and in ``overlap`` mode the warm start's forward
+order.
 
 Time: each heuristic's own search gets 10% of the time limit (only
 Caramel's chunk trials take long), the overlap bucket search 30%, CP-SAT
@@ -116,7 +122,7 @@ from schedopt.simulate import simulate, update_costs
 
 from .bucketing import optimal_contiguous_buckets
 from .caramel import caramel_order
-from .common import first_readers, require_positive
+from .common import first_readers, require_positive, split_chunks
 from .overlap_search import SteadyState, improve_buckets
 from .registry import SOLVERS, register
 
@@ -710,6 +716,13 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
         plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name))
         scored.append((simulate(problem, plan).iteration_s, plan))
 
+    for k, (t, plan) in enumerate(scored):  # Caramel's chunks as buckets: never slower, and the model has none
+        if any(b.chunks > 1 for b in plan.buckets):
+            split = replace(plan, buckets=tuple(split_chunks(graph, plan.buckets)), predicted=None,
+                            solver=replace(plan.solver, name=f"{plan.solver.name}-split"))
+            t_split = simulate(problem, split).iteration_s
+            if t_split <= t:
+                scored[k] = (t_split, split)
     dead = _dead_forward(graph, problem.mode)
     orders = [engine_order(graph), caramel_order(problem)]
     orders += [deferred for order in orders if (deferred := _defer_dead_forward(graph, order, dead)) != order]
