@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -17,7 +18,7 @@ from schedopt.solvers import SOLVERS, get
 from schedopt.solvers.cpsat import coarsen
 from schedopt.synthetic import branches, chain, diamond, transformer_like
 
-from .strategies import train_graphs
+from .strategies import problems_and_plans, train_graphs
 
 pytest.importorskip("ortools")
 
@@ -279,3 +280,53 @@ def test_barrier_defers_forward_ops_no_gradient_waits_for(two_ranks):
     assert plan.order.index("stat") > plan.order.index("b1")
     assert plan.predicted.iteration_s <= get("caramel")(overlap).predicted.iteration_s - 1e-3
     assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=tick_tolerance(plan))
+
+
+def _overlap_model(problem: Problem, order: list[str], num_buckets: int = 8):
+    """The cyclic model for ``order``'s forward order, as solve_cpsat builds it (not solved)."""
+    from schedopt.solvers.cpsat import _dead_forward, _OverlapModel
+
+    graph = problem.graph
+    dead = _dead_forward(graph, "overlap")
+    forward = [o for o in order if graph.ops[o].phase == "forward" and o not in dead]
+    backward = [o for o in order if graph.ops[o].phase == "backward" or o in dead]
+    tick_s = graph.totals.forward_s / 1e5  # fine ticks: rounding stays far below the tolerances
+    return _OverlapModel(problem, forward, backward, tick_s, num_buckets), tick_s
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=small_graphs(), world_size=st.integers(2, 64), bandwidth=st.floats(1e8, 1e10),
+       latency=st.floats(0, 1e-4))
+def test_channel_bound_never_exceeds_the_brute_force_optimum(graph, world_size, bandwidth, latency):
+    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+                                                   latency_s=latency, call_s=1e-5), mode="overlap")
+    model, tick_s = _overlap_model(problem, list(get("pytorch-ddp")(problem).order))
+    slack = (len(graph.ops) + 2 * len(graph.params) + 2) * tick_s
+    assert model.channel_bound * tick_s <= brute_force(problem) + slack
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=problems_and_plans(max_ops=10))
+def test_channel_bound_holds_for_random_plans(case):
+    """Every plan with the model's forward order has a period at least the channel bound."""
+    problem, plan = case
+    problem = replace(problem, mode="overlap")
+    if problem.cluster.world_size == 1:
+        return
+    model, tick_s = _overlap_model(problem, list(plan.order))
+    slack = (len(problem.graph.ops) + 2 * len(problem.graph.params) + 2) * tick_s
+    assert model.channel_bound * tick_s <= simulate(problem, plan).iteration_s + slack
+
+
+def test_channel_bound_counts_calls_against_idle():
+    """Two units (ticks): u ready at 0 with a tail of 8000, v ready at 10000 with a tail of 9000; 2000
+    each, calls of 1000. Together: 10000 + 1000 + 4000 + 9000 = 24000. u first: u ends at 3000 (11000
+    with its tail), v at 13000, 22000 with its tail. v first: u ends at 16000, 24000. So the period is
+    at least 22000, and the bound (less 4 ticks of grid rounding) finds it: u sent before v's call
+    costs its call, not its bytes, since the channel would idle until 10000 anyway."""
+    from schedopt.solvers.cpsat import _channel_bound
+
+    bound = _channel_bound(release=[0, 10_000], tail=[8_000, 9_000], cost=[2_000, 2_000], call=1_000)
+    assert 21_995 <= bound <= 22_000
+    # a single unit: released, one call, its bytes, its tail
+    assert _channel_bound(release=[5], tail=[7], cost=[4], call=2) == 18
