@@ -95,7 +95,9 @@ model searches buckets only.
 Scope of the proven bound: plans with at most ``B`` buckets (``B`` >= the
 warm start's count + 2, at least 8, at most the number of units; a chunked
 plan counts its pieces), and in ``overlap`` mode the warm start's forward
-order.
+order and buckets that keep each unit whole (there, splitting a unit can
+pay: its first part's update runs while the rest is on the network). The
+overlap model's constant bounds (window, channel) hold for every bucketing.
 
 Time: each heuristic's own search gets 10% of the time limit (only
 Caramel's chunk trials take long), the overlap bucket search 30%, CP-SAT
@@ -389,6 +391,11 @@ class _OverlapModel(_BucketsMixin):
         self.reader = [first_reader[u[0]] for u in self.units]
         self.unit_op = [self.coarse.of[graph.params[u[0]].grad_op] for u in self.units]
         self.upd = [_ticks(sum(per_param[n] for n in u), tick_s) for u in self.units]
+        # the constant bounds hold for plans that split a unit too (its first part's update can then
+        # run while the rest is on the network): per parameter, or with a unit's least update
+        self.param_upd = [[_ticks(per_param[n], tick_s) for n in u] for u in self.units]
+        self.param_c = [[_ticks(cluster.seconds_per_byte * graph.params[n].nbytes, tick_s) for n in u]
+                        for u in self.units]
         self.A = _ticks(cluster.fixed_s, tick_s)
         self.c = [_ticks(cluster.seconds_per_byte * sum(graph.params[n].nbytes for n in u), tick_s)
                   for u in self.units]
@@ -517,14 +524,17 @@ class _OverlapModel(_BucketsMixin):
         again one period later, so (with ``W`` from :meth:`_windows`)
 
             T >= W[w, j] + A + (transfer of those units)          (w below j)
-            T >= W[op(u), reader(u)] + A + c_u + update_u          (every unit u)
+            T >= W[op(u), reader(u)] + A + c_u + update_p          (every unit u)
+
+        where p is u's parameter with the least update (a plan may split u; its last part's update
+        comes after all of u's bytes).
         """
         nf, U = len(self.forward), len(self.units)
         ops = [nf + i for i in self.unit_op]
         readers = np.array(self.reader)
         c = np.array(self.c, dtype=np.float64)
         W = W.astype(np.float64)
-        per_unit = W[np.arange(U), readers] + self.A + c + np.array(self.upd)
+        per_unit = W[np.arange(U), readers] + self.A + c + np.array([min(p) for p in self.param_upd])
         finished_below = self.unit_below[:, ops].T  # [w, u]: unit u's op is unit w's op or below it
         read_by = readers[:, None] <= np.arange(nf)[None, :]  # [u, j]
         window_bytes = (finished_below * c) @ read_by  # [w, j]
@@ -534,10 +544,10 @@ class _OverlapModel(_BucketsMixin):
     def _channel_bound(self) -> int:
         """The constant *channel bound* (see :func:`_channel_bound`) from the model's data.
 
-        Times count from the start of this step's first backward op: unit u is ready no earlier
-        than its op's backward ancestors and itself have run (``release``), and after its bucket's
-        collective the next step's first backward op starts no earlier than u's update and the
-        forward ops from u's first reader through the last one that every backward op waits for
+        Times count from the start of this step's first backward op: a parameter is ready no earlier
+        than its op's backward ancestors and its op have run (``release``), and after its bucket's
+        collective the next step's first backward op starts no earlier than its update and the
+        forward ops from its first reader through the last one that every backward op waits for
         (``tail``; the forward order is fixed, so a backward op waits for every forward op up to
         its last forward ancestor).
         """
@@ -551,8 +561,10 @@ class _OverlapModel(_BucketsMixin):
         last = min(int(np.flatnonzero(below[i]).max(initial=-1)) for i in real)
         suffix = np.concatenate([np.cumsum(np.array(self.fwd_dur[:last + 1], dtype=np.int64)[::-1])[::-1],
                                  np.zeros(nf - last, dtype=np.int64)])
-        tail = [int(suffix[self.reader[u]]) + self.upd[u] for u in range(len(self.units))]
-        return _channel_bound([int(r) for r in release], tail, self.c, self.A)
+        # one item per parameter: a plan may split a unit, and a bucket holds whole parameters
+        items = [(int(release[u]), int(suffix[self.reader[u]]) + upd, c)
+                 for u in range(len(self.units)) for upd, c in zip(self.param_upd[u], self.param_c[u])]
+        return _channel_bound(*(list(x) for x in zip(*items)), self.A)
 
     def hint(self, order: list[str], buckets: list[list[str]]) -> dict[Any, int]:
         """Return the variable values of a plan's steady state, in ticks.
@@ -686,8 +698,10 @@ def _ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready
     return int(max(bound, full[-1]))
 
 
-#: The channel bound's byte grid (pieces per side) and how many anchor units it tries.
-CHANNEL_BOUND_PIECES, CHANNEL_BOUND_ANCHORS = 4000, 8
+#: The channel bound: its byte grid (pieces per side), the anchor units it tries, where it splits
+#: the units into an early and a late group (shares of the bytes), and its rows per split.
+CHANNEL_BOUND_PIECES, CHANNEL_BOUND_ANCHORS = 2000, 8
+CHANNEL_BOUND_SPLITS, CHANNEL_BOUND_ROWS = (0.2, 0.4, 0.6, 0.8), 64
 
 
 def _channel_bound(release: list[int], tail: list[int], cost: list[int], call: int) -> int:
@@ -703,54 +717,147 @@ def _channel_bound(release: list[int], tail: list[int], cost: list[int], call: i
 
     where f(L) is when L's buckets can end at the earliest (releases only) and g(R) the least
     ``max(end + tail)`` of R's buckets counted from beta's end (tails only; tails are releases
-    backwards in time). Bytes sent earlier in release order never end later (each bucket takes
-    the same number of earlier-released bytes), so for a given volume the earliest-released bytes
-    are best for L - cut at any byte, which only lowers the bound - and likewise the least-tail
-    bytes for R. So, with x and y the volumes of L and R (x + y <= the others' bytes),
+    backwards in time). Bytes released earlier never make a bucket end later (each bucket takes as
+    many earlier-released bytes), so for a given volume the earliest-released bytes are best for
+    L - cut at any byte, which only lowers the bound - and likewise the least-tail bytes for R.
+    So, with x and y the volumes of L and R (x + y <= the bytes of the others),
 
         T >= call + all bytes + min_{x, y} [max(f(x), release[a]) - x] + [max(g(y), tail[a]) - y]
 
     f and g are the exact bucketing DP (:mod:`.bucketing`) on a grid of pieces (each unit cut into
-    equal pieces of at most delta ticks); buckets ending only at piece boundaries overestimate
-    f by at most delta, and a volume between grid points another delta, so the bound subtracts
-    2 delta per side. It weighs bucket calls against channel idle at both ends of the period:
-    BERT-base on 64 x 100 GbE, 73.6 (window bound) -> 77.7 ms. L and R may claim the same
-    bytes (each side's best ones), so the bound is weak where the two compete (GPT-2).
+    equal pieces of at most delta ticks); buckets ending only at piece boundaries overestimate them
+    by at most delta, and a volume between grid points another delta, so the bound subtracts 2 delta
+    per side. It weighs bucket calls against channel idle at both ends of the period: BERT-base on
+    64 x 100 GbE, 73.6 (window bound) -> 77.7 ms.
+
+    Both sides want the same bytes (the last layers: ready first, read last), which the bound
+    above lets each have; :func:`_coupled_channel_bound` shares them out. The result is the best of
+    both over the anchors with the largest ``release + tail``.
     """
     U = len(cost)
     if U == 0:
         return 0
     total = float(sum(cost))
     delta = total / CHANNEL_BOUND_PIECES  # the largest piece
-
-    def side(key: list[int], others: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Prefix volumes (piece boundaries) and the least end of the buckets sending each prefix."""
-        items = sorted(others, key=key.__getitem__)
-        counts = [max(1, int(np.ceil(cost[u] / delta))) if delta > 0 else 1 for u in items]
-        r = np.repeat(np.array([key[u] for u in items], dtype=np.float64), counts)
-        c = np.repeat(np.array([cost[u] / k for u, k in zip(items, counts)], dtype=np.float64), counts)
-        volume = np.concatenate([[0.0], np.cumsum(c)])
-        end = np.empty(len(r) + 1)
-        end[0] = -np.inf  # nothing sent: no bucket
-        for i in range(1, len(r) + 1):
-            end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
-        return volume, end
-
+    anchors = sorted(range(U), key=lambda u: -(release[u] + tail[u]))[:CHANNEL_BOUND_ANCHORS]
     best = 0.0
-    for a in sorted(range(U), key=lambda u: -(release[u] + tail[u]))[:CHANNEL_BOUND_ANCHORS]:
+    for a in anchors:
         others = [u for u in range(U) if u != a]
         if not others:
             best = max(best, release[a] + call + cost[a] + tail[a])
             continue
-        vol_l, end_l = side(release, others)
-        vol_r, end_r = side(tail, others)
+        vol_l, end_l = _bucket_ends(*_pieces(others, release, cost, delta), call)
+        vol_r, end_r = _bucket_ends(*_pieces(others, tail, cost, delta), call)
         phi = np.maximum(end_l, release[a]) - vol_l
         psi = np.minimum.accumulate(np.maximum(end_r, tail[a]) - vol_r)  # best with at most that volume
-        room = total - cost[a]
-        j = np.searchsorted(vol_r, room - vol_l + 1e-9, side="right") - 1
+        j = np.searchsorted(vol_r, total - cost[a] - vol_l + 1e-9, side="right") - 1
         fits = j >= 0
         best = max(best, call + total + float(np.min(phi[fits] + psi[j[fits]])) - 4 * delta)
+    for split in CHANNEL_BOUND_SPLITS:
+        best = max(best, _coupled_channel_bound(release, tail, cost, call, anchors, split, delta))
     return max(int(np.floor(best)), 0)
+
+
+def _pieces(units: list[int], key: list[int], cost: list[int], delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``units`` in ``key`` order, each cut into equal pieces of at most ``delta``: their keys and sizes."""
+    items = sorted(units, key=key.__getitem__)
+    counts = [max(1, int(np.ceil(cost[u] / delta))) if delta > 0 else 1 for u in items]
+    r = np.repeat(np.array([key[u] for u in items], dtype=np.float64), counts)
+    c = np.repeat(np.array([cost[u] / k for u, k in zip(items, counts)], dtype=np.float64), counts)
+    return r, c
+
+
+def _bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
+                 head: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix volumes and ``end[i]``: the least end of buckets sending the first i pieces (pieces
+    ready at ``r``), -inf for none. ``head``: ``end`` of a shorter stream this one extends."""
+    volume = np.concatenate([[0.0], np.cumsum(c)])
+    end = np.empty(len(r) + 1)
+    end[0] = -np.inf  # nothing sent: no bucket
+    first = 1
+    if head is not None:
+        end[:len(head)] = head
+        first = len(head)
+    for i in range(first, len(r) + 1):
+        end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
+    return volume, end
+
+
+def _coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], call: int,
+                           anchors: list[int], split: float, delta: float) -> float:
+    """:func:`_channel_bound` with L and R sharing one early group of units instead of both having it.
+
+    Tails are first lowered (which only lowers the bound) so that they never fall along the release
+    order: each unit's becomes the least of its own and every later-released unit's. Then the first
+    units in release order holding ``split`` of the bytes (G1) come before the others (G2) in both
+    orders, and L and R are described by their volumes in each group: y and z. For a given (y, z),
+    the best L is G1's y earliest bytes, then G2's z earliest, as above. f is computed exactly for
+    y on ``CHANNEL_BOUND_ROWS`` rows (and every z), and for G1 alone (z = 0, every y). Any (y, z)
+    maps onto one of those with the same volume and no later bytes: y up to the next row, z down by
+    as much (or, if z is smaller than that, onto G1 alone with y + z), so y grows by at most a row's
+    step. Hence, with caps c(G1) and c(G2) less a's bytes,
+
+        y_L + y_R <= cap1 + 2 step,   z_L + z_R <= cap2
+
+    over those points, with the same 2 delta per side for the piece grid.
+    """
+    U = len(cost)
+    order = sorted(range(U), key=lambda u: (release[u], tail[u]))
+    nested = list(tail)
+    least = np.inf
+    for u in reversed(order):
+        least = min(least, tail[u])
+        nested[u] = least
+    total = float(sum(cost))
+    cut = int(np.searchsorted(np.cumsum([cost[u] for u in order]), split * total)) + 1
+    g1, g2 = order[:cut], order[cut:]
+    if not g1 or not g2:
+        return 0.0
+    sides = []
+    for key in (release, nested):
+        r1, c1 = _pieces(g1, key, cost, delta)
+        r2, c2 = _pieces(g2, key, cost, delta)
+        vol1, end1 = _bucket_ends(r1, c1, call)  # G1 alone
+        rows = np.unique(np.linspace(0, len(r1), CHANNEL_BOUND_ROWS).astype(int))
+        y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
+        # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
+        # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y
+        from_g1 = np.empty((len(rows), len(r2)))
+        for k, n in enumerate(rows):
+            from_g1[k] = (np.maximum(end1[:n + 1, None], r2[None, :]) - vol1[:n + 1, None]).min(axis=0)
+        ends = np.empty((len(rows), len(r2) + 1))
+        ends[:, 0] = end1[rows]
+        for i in range(1, len(r2) + 1):
+            inside = (np.maximum(ends[:, 1:i], r2[i - 1]) - (y[:, None] + z[None, 1:i])).min(axis=1, initial=np.inf)
+            ends[:, i] = np.minimum(from_g1[:, i - 1], inside) + call + y + z[i]
+        sides.append((vol1, end1, y, z, ends))
+    (vol1_l, end1_l, y_l, z_l, ends_l), (vol1_r, end1_r, y_r, z_r, ends_r) = sides
+    step = max(float(np.diff(y_l).max(initial=0.0)), float(np.diff(y_r).max(initial=0.0)))
+    in_g1 = set(g1)
+    best = 0.0
+    for a in anchors:
+        cap1 = sum(cost[u] for u in g1) - (cost[a] if a in in_g1 else 0) + 2 * step
+        cap2 = sum(cost[u] for u in g2) - (0 if a in in_g1 else cost[a])
+        # R: the least psi with at most (y, z), on the rows, and for G1 alone
+        psi_rows = np.maximum(ends_r, tail[a]) - (y_r[:, None] + z_r[None, :])
+        psi_rows = np.minimum.accumulate(np.minimum.accumulate(psi_rows, axis=0), axis=1)
+        psi_g1 = np.minimum.accumulate(np.maximum(end1_r, tail[a]) - vol1_r)
+        # L: every point (rows x z, and G1 alone with z = 0)
+        ly = np.concatenate([np.repeat(y_l, len(z_l)), vol1_l])
+        lz = np.concatenate([np.tile(z_l, len(y_l)), np.zeros(len(vol1_l))])
+        phi = np.concatenate([(np.maximum(ends_l, release[a]) - (y_l[:, None] + z_l[None, :])).ravel(),
+                              np.maximum(end1_l, release[a]) - vol1_l])
+        ok = (ly <= cap1) & (lz <= cap2 + 1e-9)
+        ly, lz, phi = ly[ok], lz[ok], phi[ok]
+        row = np.searchsorted(y_r, cap1 - ly + 1e-9, side="right") - 1
+        col = np.searchsorted(z_r, cap2 - lz + 1e-9, side="right") - 1
+        g1_only = np.searchsorted(vol1_r, cap1 - ly + 1e-9, side="right") - 1
+        right = np.where((row >= 0) & (col >= 0), psi_rows[np.maximum(row, 0), np.maximum(col, 0)], np.inf)
+        right = np.minimum(right, np.where(g1_only >= 0, psi_g1[np.maximum(g1_only, 0)], np.inf))
+        value = float(np.min(phi + right))
+        if np.isfinite(value):
+            best = max(best, call + total + value - 4 * delta)
+    return best
 
 
 def _feeds_backward(graph: TrainGraph) -> set[str]:

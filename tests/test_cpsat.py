@@ -305,17 +305,18 @@ def test_channel_bound_never_exceeds_the_brute_force_optimum(graph, world_size, 
     assert model.channel_bound * tick_s <= brute_force(problem) + slack
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=problems_and_plans(max_ops=10))
-def test_channel_bound_holds_for_random_plans(case):
-    """Every plan with the model's forward order has a period at least the channel bound."""
+def test_constant_overlap_bound_holds_for_random_plans(case):
+    """Every plan with the model's forward order has a period at least the model's constant bound
+    (compute, bytes, window and channel bounds), even one that splits a unit over buckets."""
     problem, plan = case
     problem = replace(problem, mode="overlap")
     if problem.cluster.world_size == 1:
         return
     model, tick_s = _overlap_model(problem, list(plan.order))
     slack = (len(problem.graph.ops) + 2 * len(problem.graph.params) + 2) * tick_s
-    assert model.channel_bound * tick_s <= simulate(problem, plan).iteration_s + slack
+    assert model.static_bound * tick_s <= simulate(problem, plan).iteration_s + slack
 
 
 def test_channel_bound_counts_calls_against_idle():
@@ -327,6 +328,35 @@ def test_channel_bound_counts_calls_against_idle():
     from schedopt.solvers.cpsat import _channel_bound
 
     bound = _channel_bound(release=[0, 10_000], tail=[8_000, 9_000], cost=[2_000, 2_000], call=1_000)
-    assert 21_995 <= bound <= 22_000
+    assert 21_990 <= bound <= 22_000
     # a single unit: released, one call, its bytes, its tail
     assert _channel_bound(release=[5], tail=[7], cost=[4], call=2) == 18
+
+
+def _least_channel_period(release, tail, cost, call) -> float:
+    """Brute force over every ordered bucketing of the channel bound's relaxation (no compute)."""
+    units = list(range(len(cost)))
+    best = float("inf")
+    for groups in _ordered_partitions(units):
+        t, worst = -float("inf"), 0.0
+        for group in groups:
+            t = max(t, max(release[u] for u in group)) + call + sum(cost[u] for u in group)
+            worst = max(worst, t + max(tail[u] for u in group))
+        best = min(best, worst)
+    return best
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(0, 6_000)),
+                min_size=1, max_size=6),
+       st.integers(0, 3_000))
+def test_channel_bound_never_exceeds_its_relaxation_optimum(units, call):
+    """Both parts (each side's best bytes, and the early group shared out) against brute force,
+    on a coarser byte grid than the solver's (faster; the bound subtracts 1% instead of 0.2%)."""
+    import schedopt.solvers.cpsat as cpsat
+
+    release, tail, cost = (list(x) for x in zip(*units))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpsat, "CHANNEL_BOUND_PIECES", 400)
+        bound = cpsat._channel_bound(release, tail, cost, call)
+    assert bound <= _least_channel_period(release, tail, cost, call)
