@@ -81,8 +81,9 @@ looks at the channel alone, each gradient ready at its earliest and needed
 back before the next step's backward by its update and the forward ops from
 its first reader on: the buckets sent before and after the bucket of any one
 gradient each cost a call but use channel time that would otherwise idle,
-so it weighs calls against idle at both ends of the period (BERT-base on
-64 x 100 GbE: 73.6 -> 77.6 ms, ResNet-50: 16.3 -> 20.7 ms). The objective ``T`` is the period; the warm
+so it weighs calls against idle at both ends of the period (on 64 x 100 GbE,
+BERT-base: 73.6 -> 77.6 ms, ResNet-50: 16.3 -> 20.7 ms, over the window
+bound). The objective ``T`` is the period; the warm
 start's values come from running it step by step in ticks until the period
 repeats. The overlap warm start adds a local search over buckets
 (:mod:`.overlap_search`): buckets sent out of ready order, which no
@@ -154,11 +155,12 @@ HORIZON_TICKS = 1_000_000
 #: Above this many variables CP-SAT's presolve does not finish within a minute on 2 workers
 #: (transformer_like(96) at aten granularity: no solution with it, the hint and a 2.3% bound without).
 PRESOLVE_MAX_VARIABLES = 50_000
-#: Overlap mode: above this many (unit, bucket) pairs CP-SAT is not run. Its initial propagation of
-#: the cyclic model ignores the time limit there (transformer_like(96): 1,156 units x 390 buckets,
-#: 56 s for a 10 s limit), and below it (transformer_like(48), 123k variables) it finds nothing
-#: beyond the warm start in 60 s anyway; the warm start is returned with the model's constant bound.
-OVERLAP_MAX_PAIRS = 150_000
+#: Overlap mode: above this many (unit, bucket) pairs CP-SAT is not run; the warm start is returned
+#: with the model's constant bound. Its initial propagation of the cyclic model ignores the time
+#: limit (transformer_like(96): 1,156 units x 390 buckets, 56 s for a 10 s limit; transformer_like(48),
+#: 123k variables: 65 s for 60) and it found nothing beyond the warm start there; the example models
+#: have at most about 5k pairs.
+OVERLAP_MAX_PAIRS = 50_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -735,7 +737,7 @@ def _channel_bound(release: list[int], tail: list[int], cost: list[int], call: i
     equal pieces of at most delta ticks); buckets ending only at piece boundaries overestimate them
     by at most delta, and a volume between grid points another delta, so the bound subtracts 2 delta
     per side. It weighs bucket calls against channel idle at both ends of the period: BERT-base on
-    64 x 100 GbE, 73.6 (window bound) -> 77.7 ms.
+    64 x 100 GbE, 73.6 (window bound) -> 77.6 ms.
 
     Both sides want the same bytes (the last layers: ready first, read last), which the bound
     above lets each have; :func:`_coupled_channel_bound` shares them out. The result is the best of
