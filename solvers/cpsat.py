@@ -144,6 +144,8 @@ BOUND_PHASE_SHARE = 0.3
 #: Overlap mode: search runs per order, and the periods each may evaluate (one long run beats
 #: several short ones: Inception, 64 x 100 GbE, 3 seeds: 21.7-22.3 ms at 40k, 21.3-21.7 at 120k).
 SEARCH_RUNS, SEARCH_EVALUATIONS = 1, 150_000
+#: ... and at most this many per unit (small problems converge long before; tests stay fast).
+SEARCH_EVALUATIONS_PER_UNIT = 2_000
 #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely
 #: improves on the search's plan in the large cases; the search does, given time).
 SEARCH_SHARE = 0.5
@@ -950,7 +952,9 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
     for plan, run_seed in runs:  # independent runs: the search's local optima differ by seed
         state = SteadyState(problem, plan.order)
         buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
-                                     max_evaluations=SEARCH_EVALUATIONS, seed=run_seed,
+                                     max_evaluations=min(SEARCH_EVALUATIONS,
+                                                         SEARCH_EVALUATIONS_PER_UNIT * len(state.units)),
+                                     seed=run_seed,
                                      time_limit_s=SEARCH_SHARE * time_limit_s / len(runs))
         add(plan.order, state.names(buckets), "overlap-search")
     return scored
