@@ -117,7 +117,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import networkx as nx
 import numpy as np
@@ -900,6 +900,13 @@ def _dead_forward(graph: TrainGraph, mode: str) -> set[str]:
             if op.phase == "forward" and o not in feeds and (mode == "barrier" or not op.reads)}
 
 
+def _overlap_ops(graph: TrainGraph, order: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The overlap model's fixed forward ops and free ops (backward, and :func:`_dead_forward`'s), in ``order``."""
+    dead = _dead_forward(graph, "overlap")
+    forward = [o for o in order if graph.ops[o].phase == "forward" and o not in dead]
+    return forward, [o for o in order if graph.ops[o].phase == "backward" or o in dead]
+
+
 def _defer_dead_forward(graph: TrainGraph, order: list[str], dead: set[str]) -> list[str]:
     """``order`` with the ops of ``dead`` (see :func:`_dead_forward`) moved after the last backward op.
 
@@ -1008,12 +1015,10 @@ def solve_cpsat(
         prefix, free = _split_prefix(graph, hint_plan.order)
         model: _Model | _OverlapModel = _Model(problem, prefix, free, tick_s, B)
     else:
-        dead = _dead_forward(graph, "overlap")  # free ops, like backward
-        forward = [o for o in hint_plan.order if graph.ops[o].phase == "forward" and o not in dead]
+        forward, backward = _overlap_ops(graph, hint_plan.order)
         read = {name for o in forward for name in graph.ops[o].reads}
         if set(graph.params) - read:
             return fallback("FEASIBLE", "a parameter no forward op reads: the overlap model needs a first use")
-        backward = [o for o in hint_plan.order if graph.ops[o].phase == "backward" or o in dead]
         model = _OverlapModel(problem, forward, backward, tick_s, B)
         if len(model.units) * B > OVERLAP_MAX_PAIRS:
             sizes.update(num_coarse_ops=len(model.coarse.chains), num_units=len(model.units), num_buckets=B)

@@ -284,14 +284,10 @@ def test_barrier_defers_forward_ops_no_gradient_waits_for(two_ranks):
 
 def _overlap_model(problem: Problem, order: list[str], num_buckets: int = 8):
     """The cyclic model for ``order``'s forward order, as solve_cpsat builds it (not solved)."""
-    from schedopt.solvers.cpsat import _dead_forward, _OverlapModel
+    from schedopt.solvers.cpsat import _overlap_ops, _OverlapModel
 
-    graph = problem.graph
-    dead = _dead_forward(graph, "overlap")
-    forward = [o for o in order if graph.ops[o].phase == "forward" and o not in dead]
-    backward = [o for o in order if graph.ops[o].phase == "backward" or o in dead]
-    tick_s = graph.totals.forward_s / 1e5  # fine ticks: rounding stays far below the tolerances
-    return _OverlapModel(problem, forward, backward, tick_s, num_buckets), tick_s
+    tick_s = problem.graph.totals.forward_s / 1e5  # fine ticks: rounding stays far below the tolerances
+    return _OverlapModel(problem, *_overlap_ops(problem.graph, order), tick_s, num_buckets), tick_s
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
