@@ -141,9 +141,9 @@ __all__ = ["solve_cpsat", "coarsen", "CpsatProgress"]
 SEARCH_ORDERS = 2
 #: The share of CP-SAT's time spent raising the bound (objective lower-bound search) after searching.
 BOUND_PHASE_SHARE = 0.3
-#: Overlap mode: search runs per order, and the periods each may evaluate (one long run beats
+#: Overlap mode: the periods the one search run per start order may evaluate (one long run beats
 #: several short ones: Inception, 64 x 100 GbE, 3 seeds: 21.7-22.3 ms at 40k, 21.3-21.7 at 120k).
-SEARCH_RUNS, SEARCH_EVALUATIONS = 1, 150_000
+SEARCH_EVALUATIONS = 150_000
 #: ... and at most this many per unit (small problems converge long before; tests stay fast).
 SEARCH_EVALUATIONS_PER_UNIT = 2_000
 #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely
@@ -161,7 +161,7 @@ PRESOLVE_MAX_VARIABLES = 50_000
 #: with the model's constant bound. Its initial propagation of the cyclic model ignores the time
 #: limit (transformer_like(96): 1,156 units x 390 buckets, 56 s for a 10 s limit; transformer_like(48),
 #: 123k variables: 65 s for 60) and it found nothing beyond the warm start there; the example models
-#: have at most about 5k pairs.
+#: have at most 190 units (Inception), so fewer than 50k pairs even with a bucket per unit.
 OVERLAP_MAX_PAIRS = 50_000
 
 
@@ -687,24 +687,14 @@ def _ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready
     by_ready = sorted(range(len(earliest)), key=earliest.__getitem__)
     r = np.array([earliest[u] for u in by_ready], dtype=np.float64)
     c = np.array([cost[u] for u in by_ready], dtype=np.float64)
-
-    def dp(r: np.ndarray, c: np.ndarray, best: list[float]) -> np.ndarray:
-        # best[i]: least end of segments covering items 0..i-1; extends a given prefix of it
-        prefix = np.concatenate([[0.0], np.cumsum(c)])
-        values = np.full(len(r) + 1, np.inf)
-        values[:len(best)] = best
-        for i in range(len(best), len(r) + 1):
-            values[i] = np.min(np.maximum(values[:i], r[i - 1]) - prefix[:i]) + call + prefix[i]
-        return values
-
-    full = dp(r, c, [0.0])
+    _, full = _bucket_ends(r, c, call)
     if len(r) > READY_BOUND_MAX_UNITS:
         return int(full[-1])
     bound = np.inf
     for w in range(len(r)):  # w is the unit ready last: the others' DP, then w's bucket after all_ready
-        rest = dp(np.delete(r, w), np.delete(c, w), list(full[:w + 1]))
-        tail = np.concatenate([[0.0], np.cumsum(np.delete(c, w))])
-        last = np.maximum(rest, all_ready) + call + c[w] + (tail[-1] - tail)  # all_ready >= every earliest
+        # the others' prefixes before w are full's; the bytes after the last bucket's start follow it
+        volume, rest = _bucket_ends(np.delete(r, w), np.delete(c, w), call, head=full[:w + 1])
+        last = np.maximum(rest, all_ready) + call + c[w] + (volume[-1] - volume)  # all_ready >= every earliest
         bound = min(bound, float(last.min()))
     return int(max(bound, full[-1]))
 
@@ -847,7 +837,7 @@ def _coupled_channel_bound(release: list[int], tail: list[int], cost: list[int],
     in_g1 = set(g1)
     best = 0.0
     for a in anchors:
-        cap1 = sum(cost[u] for u in g1) - (cost[a] if a in in_g1 else 0) + 2 * step
+        room1 = sum(cost[u] for u in g1) - (cost[a] if a in in_g1 else 0) + 2 * step  # cap1 + 2 step
         cap2 = sum(cost[u] for u in g2) - (0 if a in in_g1 else cost[a])
         # R: the least psi with at most (y, z), on the rows, and for G1 alone
         psi_rows = np.maximum(ends_r, tail[a]) - (y_r[:, None] + z_r[None, :])
@@ -858,11 +848,11 @@ def _coupled_channel_bound(release: list[int], tail: list[int], cost: list[int],
         lz = np.concatenate([np.tile(z_l, len(y_l)), np.zeros(len(vol1_l))])
         phi = np.concatenate([(np.maximum(ends_l, release[a]) - (y_l[:, None] + z_l[None, :])).ravel(),
                               np.maximum(end1_l, release[a]) - vol1_l])
-        ok = (ly <= cap1) & (lz <= cap2 + 1e-9)
+        ok = (ly <= room1) & (lz <= cap2 + 1e-9)
         ly, lz, phi = ly[ok], lz[ok], phi[ok]
-        row = np.searchsorted(y_r, cap1 - ly + 1e-9, side="right") - 1
+        row = np.searchsorted(y_r, room1 - ly + 1e-9, side="right") - 1
         col = np.searchsorted(z_r, cap2 - lz + 1e-9, side="right") - 1
-        g1_only = np.searchsorted(vol1_r, cap1 - ly + 1e-9, side="right") - 1
+        g1_only = np.searchsorted(vol1_r, room1 - ly + 1e-9, side="right") - 1
         right = np.where((row >= 0) & (col >= 0), psi_rows[np.maximum(row, 0), np.maximum(col, 0)], np.inf)
         right = np.minimum(right, np.where(g1_only >= 0, psi_g1[np.maximum(g1_only, 0)], np.inf))
         value = float(np.min(phi + right))
@@ -955,14 +945,12 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
         if key not in by_order or t < by_order[key][0]:
             by_order[key] = (t, plan)
     starts = sorted(by_order.values(), key=lambda tp: tp[0])[:SEARCH_ORDERS]
-    runs = [(plan, seed + k) for _, plan in starts for k in range(SEARCH_RUNS)]
-    for plan, run_seed in runs:  # independent runs: the search's local optima differ by seed
+    for _, plan in starts:
         state = SteadyState(problem, plan.order)
         buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
                                      max_evaluations=min(SEARCH_EVALUATIONS,
                                                          SEARCH_EVALUATIONS_PER_UNIT * len(state.units)),
-                                     seed=run_seed,
-                                     time_limit_s=SEARCH_SHARE * time_limit_s / len(runs))
+                                     seed=seed, time_limit_s=SEARCH_SHARE * time_limit_s / len(starts))
         add(plan.order, state.names(buckets), "overlap-search")
     return scored
 
