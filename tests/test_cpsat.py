@@ -6,6 +6,7 @@ import itertools
 from dataclasses import replace
 
 import networkx as nx
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -152,6 +153,59 @@ def test_ready_time_bound_is_exact_when_the_order_is_forced(chain3, two_ranks):
     model = _Model(problem, *_split_prefix(chain3, ["fwd", "b2", "b1", "opt"]), tick_s, num_buckets=2)
     assert model.ready_bound * tick_s == pytest.approx(9e-3)
     assert get("cpsat")(problem).predicted.iteration_s == pytest.approx(9.5e-3)
+
+
+def test_profile_bound_makes_gradient_ops_share_the_compute_stream(two_ranks):
+    """b0 (1 ms) feeds g1, g2, g3 (3 ms each, 3 MB each: 4 ms on the network), which feed gL (1 ms,
+    4 MB: 5 ms). Each of g1..g3 can end at 5 ms, but not all three: they end at 5, 8 and 11, gL at 12,
+    and the channel runs [w1] 5-9, [w2] 9-13, [w3, wL] 13-21. The ready-time bound (each gradient
+    at its earliest) says 20 ms; the work profile (the y-th byte after the least work that readies
+    y bytes) says 21, the optimum."""
+    from .conftest import op, param
+    from schedopt.solvers.cpsat import _Model, _ready_time_bound, _split_prefix
+
+    branches_ = ["g1", "g2", "g3"]
+    graph = TrainGraph(
+        name="fan",
+        ops=[op("fwd", "forward", 1, reads=["w1", "w2", "w3", "wL"]), op("b0", "backward", 1),
+             *[op(g, "backward", 3, grads=[f"w{g[1]}"]) for g in branches_],
+             op("gL", "backward", 1, grads=["wL"]), op("opt", "optimizer", 0.5, reads=["w1", "w2", "w3", "wL"])],
+        edges=[("fwd", "b0"), *[("b0", g) for g in branches_], *[(g, "gL") for g in branches_], ("gL", "opt")],
+        params=[*[param(f"w{g[1]}", 3_000_000, g) for g in branches_], param("wL", 4_000_000, "gL")],
+    )
+    problem = Problem(graph=graph, cluster=two_ranks)
+    tick_s = 1e-6
+    model = _Model(problem, *_split_prefix(graph, ["fwd", "b0", *branches_, "gL", "opt"]), tick_s, num_buckets=4)
+    earliest = [5000] * 3 + [12000]
+    assert _ready_time_bound(earliest, [3000] * 3 + [4000], 1000, all_ready=12000) == 20000
+    assert model.ready_bound * tick_s == pytest.approx(21e-3, abs=2e-5)
+    plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
+    assert plan.solver.status == "OPTIMAL"
+    assert plan.predicted.iteration_s == pytest.approx(21.5e-3)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=st.data(), n=st.integers(1, 9))
+def test_work_profile_and_hull_hold_for_every_closed_set(data, n):
+    """Each profile point (x, w) is the least work of the closed op sets finishing x bytes or more
+    (tiny: solved exactly), and no closed set lies above the hull."""
+    from schedopt.solvers.cpsat import _work_profile
+
+    dur = data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
+    own = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    edges = {(a, b) for b in range(n) for a in range(b) if data.draw(st.integers(0, 2)) == 0}
+    profile = _work_profile(dur, edges, own)
+    xs, work, hull = profile.xs, profile.work, profile.hull
+    closed = []
+    for mask in range(1 << n):
+        chosen = {v for v in range(n) if mask >> v & 1}
+        if all(a in chosen for a, b in edges if b in chosen):
+            closed.append((sum(dur[v] for v in chosen), sum(own[v] for v in chosen)))
+    for x, w in zip(xs, work):
+        assert w == min(cw for cw, cb in closed if cb >= x)
+    for cw, cb in closed:
+        if len(hull) > 1:
+            assert cb <= np.interp(cw, hull[:, 0], hull[:, 1]) + 1e-9
 
 
 HEURISTICS = [name for name in SOLVERS if name != "cpsat"]
