@@ -774,12 +774,13 @@ def _work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
             return 0.0
         return float(np.ceil(solver.BestObjectiveBound() - 1e-6))  # the work is an integer
 
-    started = time.perf_counter()
-    hull = _closure_hull(dur, edges, own, sorted(needed))
+    deadline = time.perf_counter() + wall_s
+    hull = _closure_hull(dur, edges, own, sorted(needed), deadline)
     work = {0: 0.0}
     for x in np.linspace(0, total, PROFILE_FIRST_POINTS + 1)[1:].round().astype(int):
-        work[int(x)] = least_work(int(x))
-    while len(work) < PROFILE_POINTS and time.perf_counter() - started < wall_s:
+        if time.perf_counter() < deadline:
+            work[int(x)] = least_work(int(x))
+    while len(work) < PROFILE_POINTS and time.perf_counter() < deadline:
         xs = sorted(work)
         w = np.maximum.accumulate([work[x] for x in xs])
         area = [(w[k + 1] - w[k]) * (xs[k + 1] - xs[k]) if xs[k + 1] - xs[k] > 1 else 0.0
@@ -793,14 +794,16 @@ def _work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
     return WorkProfile(np.array(xs, dtype=np.float64), np.maximum.accumulate([work[x] for x in xs]), hull)
 
 
-def _closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], ops: list[int]) -> np.ndarray:
+def _closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], ops: list[int],
+                  deadline: float = np.inf) -> np.ndarray:
     """The upper concave hull of (work, bytes) over the ancestor-closed sets of ``ops``: rows (w, c).
 
     Every closed set's bytes lie on or below it, so a set with ``c`` bytes or more works at least the
     hull's inverse at ``c``: the linear relaxation of the knapsack in :func:`_work_profile`, weaker
     at its points but a line between them. Vertices by parametric max-weight closure (a min cut
     with weights ``q own - p dur``, integers, so the cut is exact), found from the two ends
-    inwards: a segment whose slope finds no set above it is a hull edge.
+    inwards: a segment whose slope finds no set above it is a hull edge. Unfinished by ``deadline``
+    (a perf_counter time), it returns one row (no hull).
     """
     inside = set(ops)
 
@@ -822,7 +825,7 @@ def _closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], o
 
     points = {(0, 0), (sum(dur[v] for v in ops), sum(own[v] for v in ops))}
     segments = [sorted(points)] if len(points) == 2 else []
-    while segments and len(points) < HULL_MAX_CUTS:
+    while segments and len(points) < HULL_MAX_CUTS and time.perf_counter() < deadline:
         (w1, c1), (w2, c2) = segments.pop()
         if w2 <= w1:
             continue
