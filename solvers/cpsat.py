@@ -93,7 +93,14 @@ bound). The objective ``T`` is the period; the warm
 start's values come from running it step by step in ticks until the period
 repeats. The overlap warm start adds a local search over buckets
 (:mod:`.overlap_search`): buckets sent out of ready order, which no
-heuristic tries, are where most of overlap mode's gain is.
+heuristic tries, are where most of overlap mode's gain is. It runs in
+rounds; after each, the backward order becomes the *bucket-first* order of
+the buckets found (:func:`.common.bucket_first_order`: each bucket's
+backward ancestors, bucket by bucket, which readies every prefix of the
+collective order at the earliest) when that is faster, so gradients the
+search holds back also let their ops wait (GPT-2 small, 8 x 100 GbE:
+119.2 -> 117.6 ms). Every warm start set also has the best plan's
+bucket-first order.
 
 Two phases: CP-SAT searches for 70% of the time left; if it has not proven
 optimality, the rest goes to a second solve with the incumbent as hint, ``T``
@@ -113,15 +120,19 @@ pay: its first part's update runs while the rest is on the network). The
 overlap model's constant bounds (window, channel) hold for every bucketing.
 
 Time: each heuristic's own search gets 10% of the time limit (only
-Caramel's chunk trials take long), the overlap bucket search 50%, the
-barrier work profile at most 5% (5 s), CP-SAT the rest. An overlap model of more than ``OVERLAP_MAX_PAIRS`` (unit, bucket)
+Caramel's chunk trials take long), the overlap bucket search 50% (its two
+starts in parallel processes when ``num_workers >= 2``), the barrier work
+profile at most 5% (5 s), CP-SAT the rest. An overlap model of more than ``OVERLAP_MAX_PAIRS`` (unit, bucket)
 pairs is not solved (CP-SAT's first propagation of it overruns the limit):
 the warm start is returned with the model's constant bound.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -137,7 +148,7 @@ from schedopt.simulate import simulate, update_costs
 
 from .bucketing import optimal_contiguous_buckets
 from .caramel import caramel_order
-from .common import first_readers, require_positive, split_chunks
+from .common import bucket_first_order, first_readers, require_positive, split_chunks
 from .overlap_search import SteadyState, improve_buckets
 from .registry import SOLVERS, register
 
@@ -147,13 +158,21 @@ __all__ = ["solve_cpsat", "coarsen", "CpsatProgress"]
 SEARCH_ORDERS = 2
 #: The share of CP-SAT's time spent raising the bound (objective lower-bound search) after searching.
 BOUND_PHASE_SHARE = 0.3
-#: Overlap mode: the periods the one search run per start order may evaluate (one long run beats
-#: several short ones: Inception, 64 x 100 GbE, 3 seeds: 21.7-22.3 ms at 40k, 21.3-21.7 at 120k).
-SEARCH_EVALUATIONS = 150_000
+#: Overlap mode: the periods each start's search may evaluate, over all its rounds (one long run
+#: beats several short ones: Inception, 64 x 100 GbE, 3 seeds: 21.7-22.3 ms at 40k, 21.3-21.7 at
+#: 120k; two runs of 150k with different seeds: 21.64-21.75). 50k take 2-4 s on the example models,
+#: so the starts' searches end on this count, not on the clock, when they run in parallel.
+SEARCH_EVALUATIONS = 300_000
 #: ... and at most this many per unit (small problems converge long before; tests stay fast).
 SEARCH_EVALUATIONS_PER_UNIT = 2_000
+#: Overlap mode: the bucket search's rounds (shares of its evaluations and time); after each, the
+#: backward order becomes the bucket-first order of its result if that is faster, and the next round
+#: goes on from there (GPT-2 small on 64 x 100 GbE: 126.0 -> 123.5 ms over three rounds).
+SEARCH_ROUND_SHARES = (0.5, 0.25, 0.25)
 #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely
-#: improves on the search's plan in the large cases; the search does, given time).
+#: improves on the search's plan in the large cases; the search does, given time). With two or
+#: more workers the starts search in parallel processes (the search is pure Python and CP-SAT has
+#: not started), each for this share; else one after the other, splitting it.
 SEARCH_SHARE = 0.5
 #: The share of the time limit each heuristic's own search may use (Caramel's chunk trials: 40 s
 #: unbounded on transformer_like(96), one 0.4 s simulation per trial).
@@ -1078,7 +1097,8 @@ def _defer_dead_forward(graph: TrainGraph, order: list[str], dead: set[str]) -> 
     return head + [o for o in order if o in dead] + optimizer
 
 
-def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple[float, Plan]]:
+def _warm_starts(problem: Problem, seed: int, time_limit_s: float,
+                 num_workers: int = 1) -> list[tuple[float, Plan]]:
     """The heuristics' plans, the exact contiguous bucketing of the engine and Caramel orders (each
     also with :func:`_dead_forward`'s ops deferred) and, in ``overlap`` mode, the local search of
     :mod:`.overlap_search` from the best plans of distinct orders; each with its simulated iteration
@@ -1104,6 +1124,10 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
     orders += [deferred for order in orders if (deferred := _defer_dead_forward(graph, order, dead)) != order]
     for order in orders:
         add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
+    _, best = min(scored, key=lambda tp: tp[0])
+    buckets = [b.params for b in best.buckets]
+    if (rerun := bucket_first_order(graph, best.order, buckets)) != list(best.order):
+        add(rerun, buckets, f"{best.solver.name}-bucket-first")
     if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
         return scored
     # the best plan per order, an order and its deferred variant counting as one (distinct starts
@@ -1114,14 +1138,49 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float) -> list[tuple
         if key not in by_order or t < by_order[key][0]:
             by_order[key] = (t, plan)
     starts = sorted(by_order.values(), key=lambda tp: tp[0])[:SEARCH_ORDERS]
-    for _, plan in starts:
-        state = SteadyState(problem, plan.order)
-        buckets, _ = improve_buckets(state, state.ready_order_buckets([b.params for b in plan.buckets]),
-                                     max_evaluations=min(SEARCH_EVALUATIONS,
-                                                         SEARCH_EVALUATIONS_PER_UNIT * len(state.units)),
-                                     seed=seed, time_limit_s=SEARCH_SHARE * time_limit_s / len(starts))
-        add(plan.order, state.names(buckets), "overlap-search")
+    # one process per start when the workers allow: the search is pure Python and CP-SAT has not
+    # started yet, so the other core would idle (each start then gets the whole share of the time)
+    processes = min(num_workers, len(starts))
+    jobs = [(problem, list(plan.order), [list(b.params) for b in plan.buckets], seed,
+             SEARCH_SHARE * time_limit_s * processes / len(starts)) for _, plan in starts]
+    results = None
+    if processes > 1:
+        # fork: the children need nothing from __main__ (spawn would rerun an unguarded script)
+        try:
+            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = list(pool.map(_search_buckets, *zip(*jobs), timeout=jobs[0][-1] + 60))
+        except (OSError, BrokenProcessPool, TimeoutError):
+            results = None  # no processes here: search one start after the other, in less time each
+            jobs = [(*job[:-1], job[-1] / processes) for job in jobs]
+    if results is None:
+        results = [_search_buckets(*job) for job in jobs]
+    for found in results:
+        for order, buckets, t in found:
+            scored.append((t, Plan.for_problem(problem, order=order, buckets=buckets,
+                                               solver=SolverInfo(name="overlap-search"))))
     return scored
+
+
+def _search_buckets(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,
+                    time_s: float) -> list[tuple[list[str], list[list[str]], float]]:
+    """Rounds of :func:`.overlap_search.improve_buckets` from one start, each followed by the
+    bucket-first order of what it found (kept when faster); every plan met, with its period."""
+    found = []
+    for k, share in enumerate(SEARCH_ROUND_SHARES):
+        state = SteadyState(problem, order)
+        evaluations = min(SEARCH_EVALUATIONS, SEARCH_EVALUATIONS_PER_UNIT * len(state.units))
+        result, _ = improve_buckets(state, state.ready_order_buckets(buckets),
+                                    max_evaluations=max(1, int(share * evaluations)), seed=seed + k,
+                                    time_limit_s=share * time_s)
+        buckets = state.names(result)
+        candidates = [order]
+        if (rerun := bucket_first_order(problem.graph, order, buckets)) != order:
+            candidates.append(rerun)
+        for candidate in candidates:
+            plan = Plan.for_problem(problem, order=candidate, buckets=buckets, solver=SolverInfo(name="search"))
+            found.append((candidate, buckets, simulate(problem, plan).iteration_s))
+        order = min(found[-len(candidates):], key=lambda f: f[2])[0]
+    return found
 
 
 @register("cpsat")
@@ -1145,7 +1204,7 @@ def solve_cpsat(
     time_limit_s = 60.0 if time_limit_s is None else time_limit_s
     require_positive(time_limit_s=time_limit_s, num_workers=num_workers)
     graph = problem.graph
-    candidates = _warm_starts(problem, seed, time_limit_s)
+    candidates = _warm_starts(problem, seed, time_limit_s, num_workers)
     warm_start_s = time.perf_counter() - started
     hint_s, _, hint_plan = min((t, k, p) for k, (t, p) in enumerate(candidates))
     options = {"time_limit_s": time_limit_s, "num_workers": num_workers, "seed": seed,
