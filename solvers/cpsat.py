@@ -89,7 +89,12 @@ its first reader on: the buckets sent before and after the bucket of any one
 gradient each cost a call but use channel time that would otherwise idle,
 so it weighs calls against idle at both ends of the period (on 64 x 100 GbE,
 BERT-base: 73.6 -> 77.6 ms, ResNet-50: 16.3 -> 20.7 ms, over the window
-bound). The objective ``T`` is the period; the warm
+bound). A constant *anchor bound* (:meth:`_OverlapModel._anchor_bound`)
+follows one large gradient and the backward work X done before its bucket
+starts: X delays the anchor's cycle, and the bytes X cannot ready (a
+knapsack over the DAG, solved by CP-SAT on a grid of X) queue behind the
+anchor (GPT-2's tied embedding on 64 x 100 GbE: 116.2 -> 117.8 ms over the
+window bound). The objective ``T`` is the period; the warm
 start's values come from running it step by step in ticks until the period
 repeats. The overlap warm start adds a local search over buckets
 (:mod:`.overlap_search`): buckets sent out of ready order, which no
@@ -197,6 +202,10 @@ PROFILE_POINTS, PROFILE_FIRST_POINTS, PROFILE_POINT_DET_S, PROFILE_WALL_S = 160,
 PROFILE_SHARE = 0.05
 #: The byte grid (pieces) of the profile bound's bucketing DP.
 PROFILE_BOUND_PIECES = 2000
+#: The anchor bound (:meth:`_OverlapModel._anchor_bound`): anchors tried, knapsack points each, and
+#: the deterministic time per knapsack (GPT-2: the second anchor's knapsacks ran into the limit,
+#: 8 s for nothing; the first's take 1 s together, all solved).
+ANCHOR_BOUND_ANCHORS, ANCHOR_BOUND_POINTS, ANCHOR_POINT_DET_S = 1, 24, 0.05
 #: The most min cuts :func:`_closure_hull` makes (GPT-2: 5).
 HULL_MAX_CUTS = 200
 
@@ -458,7 +467,9 @@ class _OverlapModel(_BucketsMixin):
         self.H = [int(round(h)) for h in W.min(axis=0)] + [0]
         self.total = sum(self.fwd_dur) + sum(self.dur) + sum(self.upd)
         self.channel_bound = self._channel_bound()
-        self.static_bound = max(self.total, self.A + sum(self.c), self.window_bound, self.channel_bound)
+        self.anchor_bound = self._anchor_bound()
+        self.static_bound = max(self.total, self.A + sum(self.c), self.window_bound, self.channel_bound,
+                                self.anchor_bound)
 
     def build(self) -> None:
         """Create the CP-SAT model (``self.model``) over ``B`` candidate buckets."""
@@ -613,9 +624,63 @@ class _OverlapModel(_BucketsMixin):
         suffix = np.concatenate([np.cumsum(np.array(self.fwd_dur[:last + 1], dtype=np.int64)[::-1])[::-1],
                                  np.zeros(nf - last, dtype=np.int64)])
         # one item per parameter: a plan may split a unit, and a bucket holds whole parameters
-        items = [(int(release[u]), int(suffix[self.reader[u]]) + upd, c)
-                 for u in range(len(self.units)) for upd, c in zip(self.param_upd[u], self.param_c[u])]
-        return _channel_bound(*(list(x) for x in zip(*items)), self.A)
+        self.items = [(self.unit_op[u], int(release[u]), int(suffix[self.reader[u]]) + upd, c)
+                      for u in range(len(self.units)) for upd, c in zip(self.param_upd[u], self.param_c[u])]
+        _, release_, tail, cost = (list(x) for x in zip(*self.items))
+        return _channel_bound(release_, tail, cost, self.A)
+
+    def _anchor_bound(self) -> int:
+        """The constant *anchor bound* on the period, in ticks (0 without gradients).
+
+        Take a parameter a (the anchor; times from the step's first backward op, as in
+        :meth:`_channel_bound`), its bucket's start S, and X the backward work done by S besides a's
+        op and its ancestors (``release[a]``), so ``S >= release[a] + X``. Then
+
+            T >= release[a] + X + call + c[a] + tail[a]                                  (a's cycle)
+
+        and the bytes not ready by S, at least ``c(others) - P(X)``, go in later buckets, so
+
+            T >= release[a] + X + 2 call + c[a] + c(others) - P(X) + least tail of the others
+
+        where P(X) is the most bytes of the other parameters any closed set of ops holding a's
+        ancestors and X more work finishes: a knapsack, CP-SAT's proven upper bound on a grid of X
+        (between points the lower X for the first line, the higher for P). T is at least the least,
+        over X, of the larger line. GPT-2's tied embedding: finished last, read first, 24 ms on
+        64 x 100 GbE; doing the other layers' weight-gradient ops before it delays it, leaving them
+        for later queues their 54 ms of bytes behind it (116.2 -> 118.4 ms over the window bound).
+        The anchor is the parameter with the largest ``release + c + tail``.
+        """
+        if not getattr(self, "items", None):
+            return 0
+        op, release, tail, cost = (list(x) for x in zip(*self.items))
+        n = len(self.dur)
+        dag = nx.DiGraph(list(self.coarse.edges))
+        dag.add_nodes_from(range(n))
+        best = 0
+        anchors = sorted(range(len(cost)), key=lambda i: -(release[i] + cost[i] + tail[i]))[:ANCHOR_BOUND_ANCHORS]
+        for a in anchors:
+            others = [i for i in range(len(cost)) if i != a]
+            if not others:
+                continue
+            done = nx.ancestors(dag, op[a]) | {op[a]}
+            own = [0] * n
+            for i in others:
+                own[op[i]] += cost[i]
+            ready = sum(own[v] for v in done)  # finished with a's ancestors
+            spare = [v for v in range(n) if v not in done]
+            if not spare:
+                continue
+            points = np.linspace(0, sum(self.dur[v] for v in spare), ANCHOR_BOUND_POINTS + 1)
+            most = [ready + _most_bytes(self.dur, own, dag, spare, int(x)) for x in points]
+            c_others, tail_others = sum(cost[i] for i in others), min(tail[i] for i in others)
+            lines = []
+            for k in range(ANCHOR_BOUND_POINTS):
+                cycle = release[a] + points[k] + self.A + cost[a] + tail[a]
+                late = c_others - most[k + 1]
+                queued = release[a] + points[k] + 2 * self.A + cost[a] + late + tail_others if late > 0 else 0
+                lines.append(max(cycle, queued))
+            best = max(best, int(np.floor(min(lines))))
+        return best
 
     def hint(self, order: list[str], buckets: list[list[str]]) -> dict[Any, int]:
         """Return the variable values of a plan's steady state, in ticks.
@@ -811,6 +876,29 @@ def _work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
         work[mid] = least_work(mid)
     xs = sorted(work)
     return WorkProfile(np.array(xs, dtype=np.float64), np.maximum.accumulate([work[x] for x in xs]), hull)
+
+
+def _most_bytes(dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int], budget: int) -> int:
+    """An upper bound (CP-SAT's) on the bytes ``own`` of a subset of ``ops`` closed under ancestors
+    within ``ops`` whose work ``dur`` is at most ``budget``."""
+    from ortools.sat.python import cp_model
+
+    inside = set(ops)
+    if sum(dur[v] for v in ops) <= budget:
+        return sum(own[v] for v in ops)
+    m = cp_model.CpModel()
+    z = {v: m.NewBoolVar(f"z[{v}]") for v in ops}
+    for a, b in dag.edges:
+        if a in inside and b in inside:
+            m.AddImplication(z[b], z[a])
+    m.Add(sum(dur[v] * z[v] for v in ops) <= budget)
+    m.Maximize(sum(own[v] * z[v] for v in ops if own[v]))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_deterministic_time = ANCHOR_POINT_DET_S
+    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return sum(own[v] for v in ops)
+    return int(np.floor(solver.BestObjectiveBound() + 1e-6))
 
 
 def _closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], ops: list[int],
