@@ -670,8 +670,9 @@ class _OverlapModel(_BucketsMixin):
             spare = [v for v in range(n) if v not in done]
             if not spare:
                 continue
-            points = np.linspace(0, sum(self.dur[v] for v in spare), ANCHOR_BOUND_POINTS + 1)
-            most = [ready + _most_bytes(self.dur, own, dag, spare, int(x)) for x in points]
+            knapsack = _ClosureKnapsack(self.dur, own, dag, spare, ANCHOR_POINT_DET_S)
+            points = np.linspace(0, knapsack.work, ANCHOR_BOUND_POINTS + 1)
+            most = [ready + knapsack.most_bytes(int(x)) for x in points]
             c_others, tail_others = sum(cost[i] for i in others), min(tail[i] for i in others)
             lines = []
             for k in range(ANCHOR_BOUND_POINTS):
@@ -825,45 +826,22 @@ def _work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
     """Points ``(x[k], w[k])``: any ancestor-closed set of ops that finishes ``x[k]`` bytes or more
     (``own[v]``: the bytes, in channel ticks, of the units op v finishes) holds ``w[k]`` work or more.
 
-    Each ``w[k]`` is CP-SAT's proven lower bound on the knapsack ``min sum dur[v] z[v]`` over closed
-    sets z with ``sum own[v] z[v] >= x[k]`` (exact when solved; about 16 ms each on GPT-2's
-    backward), then raised to the largest ``w`` at a smaller ``x`` (the least work only grows with the
+    Each ``w[k]`` is :class:`_ClosureKnapsack`'s least work for ``x[k]`` bytes (about 16 ms each on
+    GPT-2's backward), then raised to the largest ``w`` at a smaller ``x`` (the least work only grows with the
     bytes). The points start uniform and are split where the profile jumps most (the step's area:
     work times bytes), up to :data:`PROFILE_POINTS` or ``wall_s``. ``x[0] = 0``, ``w[0] = 0``.
     """
-    from ortools.sat.python import cp_model
-
-    total = int(sum(own))
     dag = nx.DiGraph(list(edges))
     dag.add_nodes_from(range(len(dur)))
     needed = {v for v in range(len(dur)) if own[v]}  # and their ancestors: no other op readies bytes
     needed |= set().union(*(nx.ancestors(dag, v) for v in needed))
-    m = cp_model.CpModel()
-    z = {v: m.NewBoolVar(f"z[{v}]") for v in sorted(needed)}
-    for a, b in edges:
-        if b in z:
-            m.AddImplication(z[b], z[a])
-    bytes_in = m.NewIntVar(0, total, "bytes")
-    m.Add(bytes_in == sum(own[v] * z[v] for v in z if own[v]))
-    m.Minimize(sum(dur[v] * z[v] for v in z))
-    domain = m.Proto().variables[bytes_in.Index()].domain
-
-    def least_work(x: int) -> float:
-        domain[0] = x  # bytes_in in [x, total]
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1
-        solver.parameters.max_deterministic_time = PROFILE_POINT_DET_S
-        status = solver.Solve(m)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return 0.0
-        return float(np.ceil(solver.BestObjectiveBound() - 1e-6))  # the work is an integer
-
+    knapsack = _ClosureKnapsack(dur, own, dag, sorted(needed), PROFILE_POINT_DET_S)
     deadline = time.perf_counter() + wall_s
     hull = _closure_hull(dur, edges, own, sorted(needed), deadline)
     work = {0: 0.0}
-    for x in np.linspace(0, total, PROFILE_FIRST_POINTS + 1)[1:].round().astype(int):
+    for x in np.linspace(0, knapsack.bytes, PROFILE_FIRST_POINTS + 1)[1:].round().astype(int):
         if time.perf_counter() < deadline:
-            work[int(x)] = least_work(int(x))
+            work[int(x)] = knapsack.least_work(int(x))
     while len(work) < PROFILE_POINTS and time.perf_counter() < deadline:
         xs = sorted(work)
         w = np.maximum.accumulate([work[x] for x in xs])
@@ -873,32 +851,65 @@ def _work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
         if not area or area[k] <= 0:
             break
         mid = (xs[k] + xs[k + 1]) // 2
-        work[mid] = least_work(mid)
+        work[mid] = knapsack.least_work(mid)
     xs = sorted(work)
     return WorkProfile(np.array(xs, dtype=np.float64), np.maximum.accumulate([work[x] for x in xs]), hull)
 
 
-def _most_bytes(dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int], budget: int) -> int:
-    """An upper bound (CP-SAT's) on the bytes ``own`` of a subset of ``ops`` closed under ancestors
-    within ``ops`` whose work ``dur`` is at most ``budget``."""
-    from ortools.sat.python import cp_model
+class _ClosureKnapsack:
+    """Subsets of ``ops`` closed under ancestors (within ``ops``), each op with work ``dur[v]`` and
+    bytes ``own[v]``: the least work that finishes some bytes, the most bytes some work finishes.
 
-    inside = set(ops)
-    if sum(dur[v] for v in ops) <= budget:
-        return sum(own[v] for v in ops)
-    m = cp_model.CpModel()
-    z = {v: m.NewBoolVar(f"z[{v}]") for v in ops}
-    for a, b in dag.edges:
-        if a in inside and b in inside:
+    CP-SAT on one worker, ``det_s`` of deterministic time per question; each answer is its proven
+    bound (exact when solved: tens of ms on the example models' backward), so it is safe either way.
+    """
+
+    def __init__(self, dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int], det_s: float):
+        from ortools.sat.python import cp_model
+
+        self.det_s = det_s
+        self.work, self.bytes = sum(dur[v] for v in ops), sum(own[v] for v in ops)
+        m = cp_model.CpModel()
+        z = {v: m.NewBoolVar(f"z[{v}]") for v in ops}
+        for a, b in dag.subgraph(ops).edges:
             m.AddImplication(z[b], z[a])
-    m.Add(sum(dur[v] * z[v] for v in ops) <= budget)
-    m.Maximize(sum(own[v] * z[v] for v in ops if own[v]))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_deterministic_time = ANCHOR_POINT_DET_S
-    if solver.Solve(m) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return sum(own[v] for v in ops)
-    return int(np.floor(solver.BestObjectiveBound() + 1e-6))
+        self.work_in = m.NewIntVar(0, self.work, "work")
+        self.bytes_in = m.NewIntVar(0, self.bytes, "bytes")
+        m.Add(self.work_in == sum(dur[v] * z[v] for v in ops))
+        m.Add(self.bytes_in == sum(own[v] * z[v] for v in ops if own[v]))
+        self.model = m
+
+    def _solve(self, work_max: int, bytes_min: int, maximize_bytes: bool) -> float | None:
+        from ortools.sat.python import cp_model
+
+        variables = self.model.Proto().variables
+        work, bytes_ = variables[self.work_in.Index()].domain, variables[self.bytes_in.Index()].domain
+        work[1], bytes_[0] = work_max, bytes_min
+        self.model.ClearObjective()
+        if maximize_bytes:
+            self.model.Maximize(self.bytes_in)
+        else:
+            self.model.Minimize(self.work_in)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = self.det_s
+        status = solver.Solve(self.model)
+        work[1], bytes_[0] = self.work, 0
+        return solver.BestObjectiveBound() if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+
+    def least_work(self, x: int) -> float:
+        """A lower bound on the work of any closed set finishing ``x`` bytes or more (0 if none does)."""
+        if x <= 0:
+            return 0.0
+        bound = self._solve(self.work, min(x, self.bytes), maximize_bytes=False)
+        return 0.0 if bound is None else float(np.ceil(bound - 1e-6))  # the work is an integer
+
+    def most_bytes(self, budget: int) -> int:
+        """An upper bound on the bytes any closed set of at most ``budget`` work finishes."""
+        if budget >= self.work:
+            return self.bytes
+        bound = self._solve(max(budget, 0), 0, maximize_bytes=True)
+        return self.bytes if bound is None else int(np.floor(bound + 1e-6))
 
 
 def _closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], ops: list[int],
