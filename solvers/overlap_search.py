@@ -42,6 +42,9 @@ __all__ = ["SteadyState", "improve_buckets"]
 _MAX_STEPS = 32
 #: The search moves on from a local optimum up to this much worse than the one it left.
 ACCEPT_WORSE = 0.003
+#: A kick: this many random moves (least, most). Inception on 64 x 100 GbE, 150k evaluations, 4 seeds,
+#: mean period: 21.56 ms with 2-4, 21.87 with 1-2, 21.64 with 3-6, 21.81 with 5-10.
+KICK_MOVES = (2, 4)
 
 
 class SteadyState:
@@ -150,7 +153,7 @@ def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluat
         if budget.spent() or len(state.units) < 2:
             return best, best_t
         current = home
-        for _ in range(rng.randint(2, 4)):
+        for _ in range(rng.randint(*KICK_MOVES)):
             moves = _moves(current, rng)
             kicked = next((nb for nb in (_apply(current, m, state.dtype) for m in moves) if nb is not None), None)
             current = kicked or current
