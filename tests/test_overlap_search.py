@@ -112,3 +112,15 @@ def test_cpsat_window_bound_holds_for_every_bucketing_tried(network, world_size)
                                    max_evaluations=3_000)[1])
     tolerance = tick * (len(plan.order) + 2 * len(graph.params))
     assert min(periods) >= bound - tolerance
+
+
+def test_cpsat_warm_starts_are_the_same_searched_in_parallel_processes():
+    """With two workers the two starts' searches run in forked processes; the plans they find are the
+    ones the in-process search finds (each search ends on its evaluation count, not the clock)."""
+    from schedopt.solvers.cpsat import _warm_starts
+
+    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
+    sequential = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=1)
+    parallel = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=2)
+    assert [(t, p.order, p.buckets) for t, p in sequential] == [(t, p.order, p.buckets) for t, p in parallel]
+    assert any(p.solver.name == "overlap-search" for _, p in parallel)
