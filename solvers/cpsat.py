@@ -136,8 +136,6 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -174,6 +172,8 @@ SEARCH_EVALUATIONS_PER_UNIT = 2_000
 #: backward order becomes the bucket-first order of its result if that is faster, and the next round
 #: goes on from there (GPT-2 small on 64 x 100 GbE: 126.0 -> 123.5 ms over three rounds).
 SEARCH_ROUND_SHARES = (0.5, 0.25, 0.25)
+#: Overlap mode: a search process still running this long after its time limit is killed.
+SEARCH_GRACE_S = 60.0
 #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely
 #: improves on the search's plan in the large cases; the search does, given time). With two or
 #: more workers the starts search in parallel processes (the search is pure Python and CP-SAT has
@@ -1242,22 +1242,34 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float,
     processes = min(num_workers, len(starts))
     jobs = [(problem, list(plan.order), [list(b.params) for b in plan.buckets], seed,
              SEARCH_SHARE * time_limit_s * processes / len(starts)) for _, plan in starts]
-    results = None
-    if processes > 1:
-        # fork: the children need nothing from __main__ (spawn would rerun an unguarded script)
-        try:
-            with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
-                results = list(pool.map(_search_buckets, *zip(*jobs), timeout=jobs[0][-1] + 60))
-        except (OSError, BrokenProcessPool, TimeoutError):
-            results = None  # no processes here: search one start after the other, in less time each
-            jobs = [(*job[:-1], job[-1] / processes) for job in jobs]
-    if results is None:
-        results = [_search_buckets(*job) for job in jobs]
-    for found in results:
+    for found in _run_searches(jobs, processes):
         for order, buckets, t in found:
             scored.append((t, Plan.for_problem(problem, order=order, buckets=buckets,
                                                solver=SolverInfo(name="overlap-search"))))
     return scored
+
+
+def _run_searches(jobs: list[tuple], processes: int) -> list[list[tuple[list[str], list[list[str]], float]]]:
+    """:func:`_search_buckets` for every job, in ``processes`` forked processes when more than one.
+
+    Fork, not spawn: the children need nothing from ``__main__`` (spawn would rerun a script that has
+    no main guard). Children still running :data:`SEARCH_GRACE_S` past their time are killed, never
+    waited for, and the searches count as having found nothing; without processes the jobs run
+    here, one after the other, each in its share of the time.
+    """
+    if processes <= 1:
+        return [_search_buckets(*job) for job in jobs]
+    try:
+        pool = multiprocessing.get_context("fork").Pool(processes)
+    except OSError:
+        return [_search_buckets(*job[:-1], job[-1] / processes) for job in jobs]
+    try:
+        return pool.starmap_async(_search_buckets, jobs).get(timeout=max(job[-1] for job in jobs) + SEARCH_GRACE_S)
+    except multiprocessing.TimeoutError:
+        return []
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def _search_buckets(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -124,3 +125,17 @@ def test_cpsat_warm_starts_are_the_same_searched_in_parallel_processes():
     parallel = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=2)
     assert [(t, p.order, p.buckets) for t, p in sequential] == [(t, p.order, p.buckets) for t, p in parallel]
     assert any(p.solver.name == "overlap-search" for _, p in parallel)
+
+
+def _hang(*args):
+    time.sleep(600)
+
+
+def test_a_search_process_that_hangs_is_killed(monkeypatch):
+    from schedopt.solvers import cpsat
+
+    monkeypatch.setattr(cpsat, "_search_buckets", _hang)
+    monkeypatch.setattr(cpsat, "SEARCH_GRACE_S", 0.5)
+    started = time.perf_counter()
+    assert cpsat._run_searches([("job", 0.1), ("job", 0.1)], processes=2) == []
+    assert time.perf_counter() - started < 30
