@@ -162,7 +162,8 @@ def test_profile_bound_makes_gradient_ops_share_the_compute_stream(two_ranks):
     at its earliest) says 20 ms; the work profile (the y-th byte after the least work that readies
     y bytes) says 21, the optimum."""
     from .conftest import op, param
-    from schedopt.solvers.cpsat import _Model, _ready_time_bound, _split_prefix
+    from schedopt.solvers.bounds import ready_time_bound
+    from schedopt.solvers.cpsat import _Model, _split_prefix
 
     branches_ = ["g1", "g2", "g3"]
     graph = TrainGraph(
@@ -177,7 +178,7 @@ def test_profile_bound_makes_gradient_ops_share_the_compute_stream(two_ranks):
     tick_s = 1e-6
     model = _Model(problem, *_split_prefix(graph, ["fwd", "b0", *branches_, "gL", "opt"]), tick_s, num_buckets=4)
     earliest = [5000] * 3 + [12000]
-    assert _ready_time_bound(earliest, [3000] * 3 + [4000], 1000, all_ready=12000) == 20000
+    assert ready_time_bound(earliest, [3000] * 3 + [4000], 1000, all_ready=12000) == 20000
     assert model.ready_bound * tick_s == pytest.approx(21e-3, abs=2e-5)
     plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
     assert plan.solver.status == "OPTIMAL"
@@ -189,12 +190,12 @@ def test_profile_bound_makes_gradient_ops_share_the_compute_stream(two_ranks):
 def test_work_profile_and_hull_hold_for_every_closed_set(data, n):
     """Each profile point (x, w) is the least work of the closed op sets finishing x bytes or more
     (tiny: solved exactly), and no closed set lies above the hull."""
-    from schedopt.solvers.cpsat import _work_profile
+    from schedopt.solvers.bounds import work_profile
 
     dur = data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
     own = data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
     edges = {(a, b) for b in range(n) for a in range(b) if data.draw(st.integers(0, 2)) == 0}
-    profile = _work_profile(dur, edges, own)
+    profile = work_profile(dur, edges, own)
     xs, work, hull = profile.xs, profile.work, profile.hull
     closed = []
     for mask in range(1 << n):
@@ -408,12 +409,12 @@ def test_channel_bound_counts_calls_against_idle():
     with its tail), v at 13000, 22000 with its tail. v first: u ends at 16000, 24000. So the period is
     at least 22000, and the bound (less 4 ticks of grid rounding) finds it: u sent before v's call
     costs its call, not its bytes, since the channel would idle until 10000 anyway."""
-    from schedopt.solvers.cpsat import _channel_bound
+    from schedopt.solvers.bounds import channel_bound
 
-    bound = _channel_bound(release=[0, 10_000], tail=[8_000, 9_000], cost=[2_000, 2_000], call=1_000)
+    bound = channel_bound(release=[0, 10_000], tail=[8_000, 9_000], cost=[2_000, 2_000], call=1_000)
     assert 21_990 <= bound <= 22_000
     # a single unit: released, one call, its bytes, its tail
-    assert _channel_bound(release=[5], tail=[7], cost=[4], call=2) == 18
+    assert channel_bound(release=[5], tail=[7], cost=[4], call=2) == 18
 
 
 def _least_channel_period(release, tail, cost, call) -> float:
@@ -436,10 +437,10 @@ def _least_channel_period(release, tail, cost, call) -> float:
 def test_channel_bound_never_exceeds_its_relaxation_optimum(units, call):
     """Both parts (each side's best bytes, and the early group shared out) against brute force,
     on a coarser byte grid than the solver's (faster; the bound subtracts 1% instead of 0.2%)."""
-    import schedopt.solvers.cpsat as cpsat
+    import schedopt.solvers.bounds as bounds
 
     release, tail, cost = (list(x) for x in zip(*units))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpsat, "CHANNEL_BOUND_PIECES", 400)
-        bound = cpsat._channel_bound(release, tail, cost, call)
+        patch.setattr(bounds, "CHANNEL_BOUND_PIECES", 400)
+        bound = bounds.channel_bound(release, tail, cost, call)
     assert bound <= _least_channel_period(release, tail, cost, call)

@@ -1,0 +1,403 @@
+"""Constant lower bounds for :mod:`.cpsat`: the channel and the compute stream, relaxed apart.
+
+Each takes integer ticks and returns a bound no plan in the bound's scope beats (the docstrings say
+why); CP-SAT gets them as ``T >=`` constants and reports the best when it proves nothing higher.
+
+- :func:`ready_time_bound`, :func:`profile_bound` (``barrier``): the bucketing DP with every
+  gradient ready at its earliest, and with the y-th byte ready after the least work that readies
+  y bytes (:func:`work_profile`: :class:`ClosureKnapsack` on a grid, :func:`closure_hull` between).
+- :func:`channel_bound` (``overlap``): calls against channel idle at both ends of the period.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+__all__ = ["ClosureKnapsack", "WorkProfile", "bucket_ends", "channel_bound", "closure_hull",
+           "coupled_channel_bound", "pieces", "profile_bound", "ready_time_bound", "work_profile"]
+
+#: The work profile (:func:`work_profile`): the points it solves at most, the uniform points it
+#: starts from, the deterministic time (CP-SAT's clock, about a second on this machine) per point,
+#: and the wall time all points may take. GPT-2 on 64 x 100 GbE, bound with 32 / 64 / 128 uniform
+#: points: 136.14 / 136.55 / 136.76 ms (the plan: 137.11); one point takes about 16 ms there.
+PROFILE_POINTS, PROFILE_FIRST_POINTS, PROFILE_POINT_DET_S, PROFILE_WALL_S = 160, 16, 0.25, 5.0
+#: The byte grid (pieces) of the profile bound's bucketing DP.
+PROFILE_BOUND_PIECES = 2000
+#: The most min cuts :func:`closure_hull` makes (GPT-2: 5).
+HULL_MAX_CUTS = 200
+#: Above this many units the ready-time bound leaves out its O(units^3) last-gradient refinement.
+READY_BOUND_MAX_UNITS = 400
+
+
+def ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready: int) -> int:
+    """A lower bound on the end of the last collective (barrier mode), in ticks.
+
+    Unit u cannot be ready before ``earliest[u]`` (its op after its ancestors alone), and the unit
+    ready last not before ``all_ready`` (every gradient op and their ancestors have run). Later
+    ready times never shorten the best bucketing, and for fixed ready times buckets contiguous in
+    ready order are optimal (:mod:`.bucketing`), so the least, over which unit w is last, of the
+    bucketing DP with ``ready[w] = all_ready`` (at least ``earliest[w]``) bounds every plan. Without the
+    refinement (many units) it is the DP at ``earliest`` alone.
+    """
+    if not earliest:
+        return 0
+    by_ready = sorted(range(len(earliest)), key=earliest.__getitem__)
+    r = np.array([earliest[u] for u in by_ready], dtype=np.float64)
+    c = np.array([cost[u] for u in by_ready], dtype=np.float64)
+    _, full = bucket_ends(r, c, call)
+    if len(r) > READY_BOUND_MAX_UNITS:
+        return int(full[-1])
+    bound = np.inf
+    for w in range(len(r)):  # w is the unit ready last: the others' DP, then w's bucket after all_ready
+        # the others' prefixes before w are full's; the bytes after the last bucket's start follow it
+        volume, rest = bucket_ends(np.delete(r, w), np.delete(c, w), call, head=full[:w + 1])
+        last = np.maximum(rest, all_ready) + call + c[w] + (volume[-1] - volume)  # all_ready >= every earliest
+        bound = min(bound, float(last.min()))
+    return int(max(bound, full[-1]))
+
+
+@dataclass(frozen=True)
+class WorkProfile:
+    """The least compute that readies a given number of bytes (:func:`work_profile`)."""
+
+    xs: np.ndarray  # bytes, rising from 0
+    work: np.ndarray  # a closed set finishing xs[k] bytes or more works at least work[k]
+    hull: np.ndarray  # rows (work, bytes): no closed set lies above them (one row: none known)
+
+    def least_work(self, position: np.ndarray) -> np.ndarray:
+        """A lower bound on the work of any closed set finishing more than ``position`` bytes."""
+        work = self.work[np.searchsorted(self.xs, position, side="right") - 1]
+        if len(self.hull) > 1:
+            work = np.maximum(work, np.interp(position, self.hull[:, 1], self.hull[:, 0]))
+        return work
+
+
+def work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
+                  wall_s: float = PROFILE_WALL_S) -> WorkProfile:
+    """Points ``(x[k], w[k])``: any ancestor-closed set of ops that finishes ``x[k]`` bytes or more
+    (``own[v]``: the bytes, in channel ticks, of the units op v finishes) holds ``w[k]`` work or more.
+
+    Each ``w[k]`` is :class:`ClosureKnapsack`'s least work for ``x[k]`` bytes (about 16 ms each on
+    GPT-2's backward), then raised to the largest ``w`` at a smaller ``x`` (the least work only grows with the
+    bytes). The points start uniform and are split where the profile jumps most (the step's area:
+    work times bytes), up to :data:`PROFILE_POINTS` or ``wall_s``. ``x[0] = 0``, ``w[0] = 0``.
+    """
+    dag = nx.DiGraph(list(edges))
+    dag.add_nodes_from(range(len(dur)))
+    needed = {v for v in range(len(dur)) if own[v]}  # and their ancestors: no other op readies bytes
+    needed |= set().union(*(nx.ancestors(dag, v) for v in needed))
+    knapsack = ClosureKnapsack(dur, own, dag, sorted(needed), PROFILE_POINT_DET_S)
+    deadline = time.perf_counter() + wall_s
+    hull = closure_hull(dur, edges, own, sorted(needed), deadline)
+    work = {0: 0.0}
+    for x in np.linspace(0, knapsack.bytes, PROFILE_FIRST_POINTS + 1)[1:].round().astype(int):
+        if time.perf_counter() < deadline:
+            work[int(x)] = knapsack.least_work(int(x))
+    while len(work) < PROFILE_POINTS and time.perf_counter() < deadline:
+        xs = sorted(work)
+        w = np.maximum.accumulate([work[x] for x in xs])
+        area = [(w[k + 1] - w[k]) * (xs[k + 1] - xs[k]) if xs[k + 1] - xs[k] > 1 else 0.0
+                for k in range(len(xs) - 1)]
+        k = int(np.argmax(area)) if area else 0
+        if not area or area[k] <= 0:
+            break
+        mid = (xs[k] + xs[k + 1]) // 2
+        work[mid] = knapsack.least_work(mid)
+    xs = sorted(work)
+    return WorkProfile(np.array(xs, dtype=np.float64), np.maximum.accumulate([work[x] for x in xs]), hull)
+
+
+class ClosureKnapsack:
+    """Subsets of ``ops`` closed under ancestors (within ``ops``), each op with work ``dur[v]`` and
+    bytes ``own[v]``: the least work that finishes some bytes, the most bytes some work finishes.
+
+    CP-SAT on one worker, ``det_s`` of deterministic time per question; each answer is its proven
+    bound (exact when solved: tens of ms on the example models' backward), so it is safe either way.
+    """
+
+    def __init__(self, dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int], det_s: float):
+        from ortools.sat.python import cp_model
+
+        self.det_s = det_s
+        self.work, self.bytes = sum(dur[v] for v in ops), sum(own[v] for v in ops)
+        m = cp_model.CpModel()
+        z = {v: m.NewBoolVar(f"z[{v}]") for v in ops}
+        for a, b in dag.subgraph(ops).edges:
+            m.AddImplication(z[b], z[a])
+        self.work_in = m.NewIntVar(0, self.work, "work")
+        self.bytes_in = m.NewIntVar(0, self.bytes, "bytes")
+        m.Add(self.work_in == sum(dur[v] * z[v] for v in ops))
+        m.Add(self.bytes_in == sum(own[v] * z[v] for v in ops if own[v]))
+        self.model = m
+
+    def _solve(self, work_max: int, bytes_min: int, maximize_bytes: bool) -> float | None:
+        from ortools.sat.python import cp_model
+
+        variables = self.model.Proto().variables
+        work, bytes_ = variables[self.work_in.Index()].domain, variables[self.bytes_in.Index()].domain
+        work[1], bytes_[0] = work_max, bytes_min
+        self.model.ClearObjective()
+        if maximize_bytes:
+            self.model.Maximize(self.bytes_in)
+        else:
+            self.model.Minimize(self.work_in)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.max_deterministic_time = self.det_s
+        status = solver.Solve(self.model)
+        work[1], bytes_[0] = self.work, 0
+        return solver.BestObjectiveBound() if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+
+    def least_work(self, x: int) -> float:
+        """A lower bound on the work of any closed set finishing ``x`` bytes or more (0 if none does)."""
+        if x <= 0:
+            return 0.0
+        bound = self._solve(self.work, min(x, self.bytes), maximize_bytes=False)
+        return 0.0 if bound is None else float(np.ceil(bound - 1e-6))  # the work is an integer
+
+    def most_bytes(self, budget: int) -> int:
+        """An upper bound on the bytes any closed set of at most ``budget`` work finishes."""
+        if budget >= self.work:
+            return self.bytes
+        bound = self._solve(max(budget, 0), 0, maximize_bytes=True)
+        return self.bytes if bound is None else int(np.floor(bound + 1e-6))
+
+
+def closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], ops: list[int],
+                  deadline: float = np.inf) -> np.ndarray:
+    """The upper concave hull of (work, bytes) over the ancestor-closed sets of ``ops``: rows (w, c).
+
+    Every closed set's bytes lie on or below it, so a set with ``c`` bytes or more works at least the
+    hull's inverse at ``c``: the linear relaxation of the knapsack in :func:`work_profile`, weaker
+    at its points but a line between them. Vertices by parametric max-weight closure (a min cut
+    with weights ``q own - p dur``, integers, so the cut is exact), found from the two ends
+    inwards: a segment whose slope finds no set above it is a hull edge. Unfinished by ``deadline``
+    (a perf_counter time), it returns one row (no hull).
+    """
+    inside = set(ops)
+
+    def best_closure(p: int, q: int) -> tuple[int, int]:
+        flow = nx.DiGraph()
+        flow.add_nodes_from(["s", "t"])
+        for v in ops:
+            weight = q * own[v] - p * dur[v]
+            if weight > 0:
+                flow.add_edge("s", v, capacity=weight)
+            elif weight < 0:
+                flow.add_edge(v, "t", capacity=-weight)
+        for a, b in edges:
+            if a in inside and b in inside:
+                flow.add_edge(b, a)  # no capacity: infinite (b in the set brings a)
+        _, (chosen, _) = nx.minimum_cut(flow, "s", "t")
+        chosen.discard("s")
+        return sum(dur[v] for v in chosen), sum(own[v] for v in chosen)
+
+    points = {(0, 0), (sum(dur[v] for v in ops), sum(own[v] for v in ops))}
+    segments = [sorted(points)] if len(points) == 2 else []
+    while segments and len(points) < HULL_MAX_CUTS and time.perf_counter() < deadline:
+        (w1, c1), (w2, c2) = segments.pop()
+        if w2 <= w1:
+            continue
+        p, q = c2 - c1, w2 - w1
+        w, c = best_closure(p, q)
+        if q * c - p * w > q * c1 - p * w1:
+            points.add((w, c))
+            segments += [[(w1, c1), (w, c)], [(w, c), (w2, c2)]]
+    if segments:  # unfinished: the hull of the points found could pass below a closed set
+        return np.array([[0.0, 0.0]])
+    rows = np.array(sorted(points), dtype=np.float64)
+    return rows[np.concatenate([[True], np.diff(rows[:, 1]) > 0])]  # bytes rise strictly (np.interp)
+
+
+def profile_bound(earliest: list[int], cost: list[int], call: int, start: int, profile: WorkProfile) -> int:
+    """A lower bound on the end of the last collective (barrier mode) from the work profile, in ticks.
+
+    Put every byte in the order the bytes become ready. The bytes up to the y-th are all ready only
+    after every op that finishes them and those ops' ancestors have run on the one compute stream
+    (which starts at ``start``), so the y-th byte is ready no earlier than ``start + w[k]`` for any
+    profile point ``x[k] <= y`` (:func:`work_profile`), nor before the y-th smallest of the
+    bytes' own earliest ready times (each unit's ``earliest``). With those ready times, buckets
+    contiguous in ready order are optimal (:mod:`.bucketing`): the DP over pieces of ``delta`` bytes
+    is within ``delta`` of every bucketing (move each bucket's end to the next piece boundary: every
+    end grows by less than ``delta``). Where :func:`ready_time_bound` lets every gradient be ready
+    at its earliest at once, this makes their ops share the compute stream: GPT-2 on 64 x 100 GbE,
+    135.7 -> 136.8 ms.
+    """
+    if not cost or sum(cost) == 0:
+        return 0
+    total = float(sum(cost))
+    delta = total / PROFILE_BOUND_PIECES
+    order = sorted(range(len(cost)), key=earliest.__getitem__)
+    position = np.arange(PROFILE_BOUND_PIECES) * delta  # bytes before each piece
+    ends = np.cumsum([cost[u] for u in order])
+    own_earliest = np.array([earliest[u] for u in order], dtype=np.float64)
+    holder = np.minimum(np.searchsorted(ends, position, side="right"), len(order) - 1)
+    ready = np.maximum(own_earliest[holder], start + profile.least_work(position))
+    _, end = bucket_ends(ready, np.full(PROFILE_BOUND_PIECES, delta), call)
+    return max(int(np.floor(end[-1] - delta)), 0)
+
+
+#: The channel bound: its byte grid (pieces per side), the anchor units it tries, where it splits
+#: the units into an early and a late group (shares of the bytes), and its rows per split.
+CHANNEL_BOUND_PIECES, CHANNEL_BOUND_ANCHORS = 2000, 8
+CHANNEL_BOUND_SPLITS, CHANNEL_BOUND_ROWS = (0.2, 0.4, 0.6, 0.8), 64
+
+
+def channel_bound(release: list[int], tail: list[int], cost: list[int], call: int) -> int:
+    """A lower bound on the ``overlap`` period from the channel alone, in ticks.
+
+    Unit u's bytes (``cost[u]`` ticks on the channel) leave no earlier than ``release[u]`` after
+    the step's first backward op starts, and the next step's first backward op starts no earlier
+    than ``tail[u]`` after u's bucket ends; buckets go one after another, ``call`` ticks each plus
+    their bytes. Take any unit a and its bucket beta; L and R are the units sent before and after
+    beta. Then
+
+        T >= max(f(L), release[a]) + call + (all bytes - c(L) - c(R)) + max(tail[a], g(R))
+
+    where f(L) is when L's buckets can end at the earliest (releases only) and g(R) the least
+    ``max(end + tail)`` of R's buckets counted from beta's end (tails only; tails are releases
+    backwards in time). Bytes released earlier never make a bucket end later (each bucket takes as
+    many earlier-released bytes), so for a given volume the earliest-released bytes are best for
+    L - cut at any byte, which only lowers the bound - and likewise the least-tail bytes for R.
+    So, with x and y the volumes of L and R (x + y <= the bytes of the others),
+
+        T >= call + all bytes + min_{x, y} [max(f(x), release[a]) - x] + [max(g(y), tail[a]) - y]
+
+    f and g are the exact bucketing DP (:mod:`.bucketing`) on a grid of pieces (each unit cut into
+    equal pieces of at most delta ticks); buckets ending only at piece boundaries overestimate them
+    by at most delta, and a volume between grid points another delta, so the bound subtracts 2 delta
+    per side. It weighs bucket calls against channel idle at both ends of the period: BERT-base on
+    64 x 100 GbE, 73.6 (window bound) -> 77.6 ms.
+
+    Both sides want the same bytes (the last layers: ready first, read last), which the bound
+    above lets each have; :func:`coupled_channel_bound` shares them out. The result is the best of
+    both over the anchors with the largest ``release + tail``.
+    """
+    U = len(cost)
+    if U == 0:
+        return 0
+    total = float(sum(cost))
+    delta = total / CHANNEL_BOUND_PIECES  # the largest piece
+    anchors = sorted(range(U), key=lambda u: -(release[u] + tail[u]))[:CHANNEL_BOUND_ANCHORS]
+    best = 0.0
+    for a in anchors:
+        others = [u for u in range(U) if u != a]
+        if not others:
+            best = max(best, release[a] + call + cost[a] + tail[a])
+            continue
+        vol_l, end_l = bucket_ends(*pieces(others, release, cost, delta), call)
+        vol_r, end_r = bucket_ends(*pieces(others, tail, cost, delta), call)
+        phi = np.maximum(end_l, release[a]) - vol_l
+        psi = np.minimum.accumulate(np.maximum(end_r, tail[a]) - vol_r)  # best with at most that volume
+        j = np.searchsorted(vol_r, total - cost[a] - vol_l + 1e-9, side="right") - 1
+        fits = j >= 0
+        best = max(best, call + total + float(np.min(phi[fits] + psi[j[fits]])) - 4 * delta)
+    for split in CHANNEL_BOUND_SPLITS:
+        best = max(best, coupled_channel_bound(release, tail, cost, call, anchors, split, delta))
+    return max(int(np.floor(best)), 0)
+
+
+def pieces(units: list[int], key: list[int], cost: list[int], delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """``units`` in ``key`` order, each cut into equal pieces of at most ``delta``: their keys and sizes."""
+    items = sorted(units, key=key.__getitem__)
+    counts = [max(1, int(np.ceil(cost[u] / delta))) if delta > 0 else 1 for u in items]
+    r = np.repeat(np.array([key[u] for u in items], dtype=np.float64), counts)
+    c = np.repeat(np.array([cost[u] / k for u, k in zip(items, counts)], dtype=np.float64), counts)
+    return r, c
+
+
+def bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
+                 head: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Prefix volumes and ``end[i]``: the least end of buckets sending the first i pieces (pieces
+    ready at ``r``), -inf for none. ``head``: ``end`` of a shorter stream this one extends."""
+    volume = np.concatenate([[0.0], np.cumsum(c)])
+    end = np.empty(len(r) + 1)
+    end[0] = -np.inf  # nothing sent: no bucket
+    first = 1
+    if head is not None:
+        end[:len(head)] = head
+        first = len(head)
+    for i in range(first, len(r) + 1):
+        end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
+    return volume, end
+
+
+def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], call: int,
+                           anchors: list[int], split: float, delta: float) -> float:
+    """:func:`channel_bound` with L and R sharing one early group of units instead of both having it.
+
+    Tails are first lowered (which only lowers the bound) so that they never fall along the release
+    order: each unit's becomes the least of its own and every later-released unit's. Then the first
+    units in release order holding ``split`` of the bytes (G1) come before the others (G2) in both
+    orders, and L and R are described by their volumes in each group: y and z. For a given (y, z),
+    the best L is G1's y earliest bytes, then G2's z earliest, as above. f is computed exactly for
+    y on ``CHANNEL_BOUND_ROWS`` rows (and every z), and for G1 alone (z = 0, every y). Any (y, z)
+    maps onto one of those with the same volume and no later bytes: y up to the next row, z down by
+    as much (or, if z is smaller than that, onto G1 alone with y + z), so y grows by at most a row's
+    step. Hence, with caps c(G1) and c(G2) less a's bytes,
+
+        y_L + y_R <= cap1 + 2 step,   z_L + z_R <= cap2
+
+    over those points, with the same 2 delta per side for the piece grid.
+    """
+    U = len(cost)
+    order = sorted(range(U), key=lambda u: (release[u], tail[u]))
+    nested = list(tail)
+    least = np.inf
+    for u in reversed(order):
+        least = min(least, tail[u])
+        nested[u] = least
+    total = float(sum(cost))
+    cut = int(np.searchsorted(np.cumsum([cost[u] for u in order]), split * total)) + 1
+    g1, g2 = order[:cut], order[cut:]
+    if not g1 or not g2:
+        return 0.0
+    sides = []
+    for key in (release, nested):
+        r1, c1 = pieces(g1, key, cost, delta)
+        r2, c2 = pieces(g2, key, cost, delta)
+        vol1, end1 = bucket_ends(r1, c1, call)  # G1 alone
+        rows = np.unique(np.linspace(0, len(r1), CHANNEL_BOUND_ROWS).astype(int))
+        y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
+        # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
+        # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y
+        from_g1 = np.empty((len(rows), len(r2)))
+        for k, n in enumerate(rows):
+            from_g1[k] = (np.maximum(end1[:n + 1, None], r2[None, :]) - vol1[:n + 1, None]).min(axis=0)
+        ends = np.empty((len(rows), len(r2) + 1))
+        ends[:, 0] = end1[rows]
+        for i in range(1, len(r2) + 1):
+            inside = (np.maximum(ends[:, 1:i], r2[i - 1]) - (y[:, None] + z[None, 1:i])).min(axis=1, initial=np.inf)
+            ends[:, i] = np.minimum(from_g1[:, i - 1], inside) + call + y + z[i]
+        sides.append((vol1, end1, y, z, ends))
+    (vol1_l, end1_l, y_l, z_l, ends_l), (vol1_r, end1_r, y_r, z_r, ends_r) = sides
+    step = max(float(np.diff(y_l).max(initial=0.0)), float(np.diff(y_r).max(initial=0.0)))
+    in_g1 = set(g1)
+    best = 0.0
+    for a in anchors:
+        room1 = sum(cost[u] for u in g1) - (cost[a] if a in in_g1 else 0) + 2 * step  # cap1 + 2 step
+        cap2 = sum(cost[u] for u in g2) - (0 if a in in_g1 else cost[a])
+        # R: the least psi with at most (y, z), on the rows, and for G1 alone
+        psi_rows = np.maximum(ends_r, tail[a]) - (y_r[:, None] + z_r[None, :])
+        psi_rows = np.minimum.accumulate(np.minimum.accumulate(psi_rows, axis=0), axis=1)
+        psi_g1 = np.minimum.accumulate(np.maximum(end1_r, tail[a]) - vol1_r)
+        # L: every point (rows x z, and G1 alone with z = 0)
+        ly = np.concatenate([np.repeat(y_l, len(z_l)), vol1_l])
+        lz = np.concatenate([np.tile(z_l, len(y_l)), np.zeros(len(vol1_l))])
+        phi = np.concatenate([(np.maximum(ends_l, release[a]) - (y_l[:, None] + z_l[None, :])).ravel(),
+                              np.maximum(end1_l, release[a]) - vol1_l])
+        ok = (ly <= room1) & (lz <= cap2 + 1e-9)
+        ly, lz, phi = ly[ok], lz[ok], phi[ok]
+        row = np.searchsorted(y_r, room1 - ly + 1e-9, side="right") - 1
+        col = np.searchsorted(z_r, cap2 - lz + 1e-9, side="right") - 1
+        g1_only = np.searchsorted(vol1_r, room1 - ly + 1e-9, side="right") - 1
+        right = np.where((row >= 0) & (col >= 0), psi_rows[np.maximum(row, 0), np.maximum(col, 0)], np.inf)
+        right = np.minimum(right, np.where(g1_only >= 0, psi_g1[np.maximum(g1_only, 0)], np.inf))
+        value = float(np.min(phi + right))
+        if np.isfinite(value):
+            best = max(best, call + total + value - 4 * delta)
+    return best
