@@ -163,10 +163,12 @@ __all__ = ["solve_cpsat", "coarsen", "CpsatProgress"]
 SEARCH_ORDERS = 2
 #: The share of CP-SAT's time spent raising the bound (objective lower-bound search) after searching.
 BOUND_PHASE_SHARE = 0.3
-#: Overlap mode: the periods each start's search may evaluate, over all its rounds (one long run
-#: beats several short ones: Inception, 64 x 100 GbE, 3 seeds: 21.7-22.3 ms at 40k, 21.3-21.7 at
-#: 120k; two runs of 150k with different seeds: 21.64-21.75). 50k take 2-4 s on the example models,
-#: so the starts' searches end on this count, not on the clock, when they run in parallel.
+#: Overlap mode: the periods each start's search may evaluate, over all its rounds. 50k take 2-4 s
+#: on the example models, so the searches end on this count, not on the clock, when they run in
+#: parallel. From Caramel's start, 4 seeds, mean period: Inception 64 x 100 GbE 21.54 ms with
+#: three rounds of 300k in all, 21.48 with one, 21.40 the best of two seeds of 150k (spread
+#: 21.1-21.9 in each: the seed matters more); GPT-2 small 64 x 100 GbE 123.09 with the rounds,
+#: 124.19 the best of two seeds of 150k.
 SEARCH_EVALUATIONS = 300_000
 #: ... and at most this many per unit (small problems converge long before; tests stay fast).
 SEARCH_EVALUATIONS_PER_UNIT = 2_000
