@@ -77,13 +77,13 @@ class WorkProfile:
 
 
 def work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
-                  wall_s: float = PROFILE_WALL_S) -> WorkProfile:
+                 wall_s: float = PROFILE_WALL_S) -> WorkProfile:
     """Points ``(x[k], w[k])``: any ancestor-closed set of ops that finishes ``x[k]`` bytes or more
     (``own[v]``: the bytes, in channel ticks, of the units op v finishes) holds ``w[k]`` work or more.
 
     Each ``w[k]`` is :class:`ClosureKnapsack`'s least work for ``x[k]`` bytes (about 16 ms each on
-    GPT-2's backward), then raised to the largest ``w`` at a smaller ``x`` (the least work only grows with the
-    bytes). The points start uniform and are split where the profile jumps most (the step's area:
+    GPT-2's backward), then raised to the largest ``w`` at a smaller ``x`` (the least work only grows
+    with the bytes). The points start uniform and are split where the profile jumps most (the step's area:
     work times bytes), up to :data:`PROFILE_POINTS` or ``wall_s``. ``x[0] = 0``, ``w[0] = 0``.
     """
     dag = nx.DiGraph(list(edges))
@@ -92,7 +92,7 @@ def work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
     needed |= set().union(*(nx.ancestors(dag, v) for v in needed))
     knapsack = ClosureKnapsack(dur, own, dag, sorted(needed), PROFILE_POINT_DET_S)
     deadline = time.perf_counter() + wall_s
-    hull = closure_hull(dur, edges, own, sorted(needed), deadline)
+    hull = closure_hull(dur, own, dag, sorted(needed), deadline)
     work = {0: 0.0}
     for x in np.linspace(0, knapsack.bytes, PROFILE_FIRST_POINTS + 1)[1:].round().astype(int):
         if time.perf_counter() < deadline:
@@ -167,8 +167,8 @@ class ClosureKnapsack:
         return self.bytes if bound is None else int(np.floor(bound + 1e-6))
 
 
-def closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], ops: list[int],
-                  deadline: float = np.inf) -> np.ndarray:
+def closure_hull(dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int],
+                 deadline: float = np.inf) -> np.ndarray:
     """The upper concave hull of (work, bytes) over the ancestor-closed sets of ``ops``: rows (w, c).
 
     Every closed set's bytes lie on or below it, so a set with ``c`` bytes or more works at least the
@@ -178,7 +178,7 @@ def closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], op
     inwards: a segment whose slope finds no set above it is a hull edge. Unfinished by ``deadline``
     (a perf_counter time), it returns one row (no hull).
     """
-    inside = set(ops)
+    edges = list(dag.subgraph(ops).edges)
 
     def best_closure(p: int, q: int) -> tuple[int, int]:
         flow = nx.DiGraph()
@@ -190,8 +190,7 @@ def closure_hull(dur: list[int], edges: set[tuple[int, int]], own: list[int], op
             elif weight < 0:
                 flow.add_edge(v, "t", capacity=-weight)
         for a, b in edges:
-            if a in inside and b in inside:
-                flow.add_edge(b, a)  # no capacity: infinite (b in the set brings a)
+            flow.add_edge(b, a)  # no capacity: infinite (b in the set brings a)
         _, (chosen, _) = nx.minimum_cut(flow, "s", "t")
         chosen.discard("s")
         return sum(dur[v] for v in chosen), sum(own[v] for v in chosen)

@@ -122,14 +122,15 @@ warm start's count + 2, at least 8, at most the number of units; a chunked
 plan counts its pieces), and in ``overlap`` mode the warm start's forward
 order and buckets that keep each unit whole (there, splitting a unit can
 pay: its first part's update runs while the rest is on the network). The
-overlap model's constant bounds (window, channel) hold for every bucketing.
+overlap model's constant bounds (window, channel, anchor) hold for every bucketing.
 
 Time: each heuristic's own search gets 10% of the time limit (only
 Caramel's chunk trials take long), the overlap bucket search 50% (its two
 starts in parallel processes when ``num_workers >= 2``), the barrier work
-profile at most 5% (5 s), CP-SAT the rest. An overlap model of more than ``OVERLAP_MAX_PAIRS`` (unit, bucket)
-pairs is not solved (CP-SAT's first propagation of it overruns the limit):
-the warm start is returned with the model's constant bound.
+profile at most 5% (5 s), CP-SAT the rest. An overlap model of more than
+``OVERLAP_MAX_PAIRS`` (unit, bucket) pairs is not solved (CP-SAT's first
+propagation of it overruns the limit): the warm start is returned with the
+model's constant bound.
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ PRESOLVE_MAX_VARIABLES = 50_000
 #: 123k variables: 65 s for 60) and it found nothing beyond the warm start there; the example models
 #: have at most 190 units (Inception), so fewer than 50k pairs even with a bucket per unit.
 OVERLAP_MAX_PAIRS = 50_000
-#: ... and at most this share of the time limit.
+#: Barrier mode: the work profile (:func:`.bounds.work_profile`) may take at most this share of the
+#: time limit (and :data:`.bounds.PROFILE_WALL_S`).
 PROFILE_SHARE = 0.05
 #: The anchor bound (:meth:`_OverlapModel._anchor_bound`): anchors tried, knapsack points each, and
 #: the deterministic time per knapsack (GPT-2: the second anchor's knapsacks ran into the limit,
@@ -359,13 +361,13 @@ class _Model(_BucketsMixin):
         needed = ancestors[grad_ops].any(axis=0)
         needed[grad_ops] = True
         earliest = [self.fixed + anc[i] + self.dur[i] for i in self.unit_op]
-        self.ready_bound = ready_time_bound(earliest, self.c, self.A,
-                                             all_ready=self.fixed + int(np.asarray(self.dur)[needed].sum()))
-        own = [0] * n
-        for u in range(len(self.units)):
+        own = [0] * n  # the bytes each op finishes
+        for u in range(U):
             own[self.unit_op[u]] += self.c[u]
         self.profile = work_profile(self.dur, self.coarse.edges, own, wall_s=profile_wall_s)
-        self.ready_bound = max(self.ready_bound, profile_bound(earliest, self.c, self.A, self.fixed, self.profile))
+        all_ready = self.fixed + int(np.asarray(self.dur)[needed].sum())
+        self.ready_bound = max(ready_time_bound(earliest, self.c, self.A, all_ready=all_ready),
+                               profile_bound(earliest, self.c, self.A, self.fixed, self.profile))
         m.Add(self.T >= self.ready_bound)
         self.static_bound = max(total, self.ready_bound)  # a constant bound (reported if CP-SAT finds nothing)
         for b in range(B):
@@ -461,6 +463,7 @@ class _OverlapModel(_BucketsMixin):
         # H[j]: the least work from forward op j's start to the end of any gradient (for the cycle cut)
         self.H = [int(round(h)) for h in W.min(axis=0)] + [0]
         self.total = sum(self.fwd_dur) + sum(self.dur) + sum(self.upd)
+        self.items = self._items()
         self.channel_bound = self._channel_bound()
         self.anchor_bound = self._anchor_bound()
         self.static_bound = max(self.total, self.A + sum(self.c), self.window_bound, self.channel_bound,
@@ -598,8 +601,10 @@ class _OverlapModel(_BucketsMixin):
         windows = np.where((W > 0) & (window_bytes > 0), W + self.A + window_bytes, 0)
         return int(round(max(per_unit.max(initial=0), windows.max(initial=0))))
 
-    def _channel_bound(self) -> int:
-        """The constant *channel bound* (see :func:`.bounds.channel_bound`) from the model's data.
+    def _items(self) -> list[tuple[int, int, int, int]]:
+        """One item per parameter (a plan may split a unit; a bucket holds whole parameters):
+        ``(coarse op, release, tail, cost)`` in ticks, for the channel and anchor bounds; none
+        without backward ops.
 
         Times count from the start of this step's first backward op: a parameter is ready no earlier
         than its op's backward ancestors and its op have run (``release``), and after its bucket's
@@ -611,18 +616,22 @@ class _OverlapModel(_BucketsMixin):
         nf = len(self.forward)
         real = [i for i, chain in enumerate(self.coarse.chains) if self.graph.ops[chain[0]].phase == "backward"]
         if not real:
-            return 0
+            return []
         release = (self.unit_below[:, nf:] * np.array(self.dur, dtype=np.int64)).sum(axis=1)
         # the forward ops every backward op waits for: up to the least "last forward ancestor"
         below = self.below_fwd  # [coarse op, forward op]
         last = min(int(np.flatnonzero(below[i]).max(initial=-1)) for i in real)
         suffix = np.concatenate([np.cumsum(np.array(self.fwd_dur[:last + 1], dtype=np.int64)[::-1])[::-1],
                                  np.zeros(nf - last, dtype=np.int64)])
-        # one item per parameter: a plan may split a unit, and a bucket holds whole parameters
-        self.items = [(self.unit_op[u], int(release[u]), int(suffix[self.reader[u]]) + upd, c)
-                      for u in range(len(self.units)) for upd, c in zip(self.param_upd[u], self.param_c[u])]
-        _, release_, tail, cost = (list(x) for x in zip(*self.items))
-        return channel_bound(release_, tail, cost, self.A)
+        return [(self.unit_op[u], int(release[u]), int(suffix[self.reader[u]]) + upd, c)
+                for u in range(len(self.units)) for upd, c in zip(self.param_upd[u], self.param_c[u])]
+
+    def _channel_bound(self) -> int:
+        """The constant *channel bound* (see :func:`.bounds.channel_bound`) over :meth:`_items`."""
+        if not self.items:
+            return 0
+        _, release, tail, cost = (list(x) for x in zip(*self.items))
+        return channel_bound(release, tail, cost, self.A)
 
     def _anchor_bound(self) -> int:
         """The constant *anchor bound* on the period, in ticks (0 without gradients).
@@ -642,10 +651,10 @@ class _OverlapModel(_BucketsMixin):
         (between points the lower X for the first line, the higher for P). T is at least the least,
         over X, of the larger line. GPT-2's tied embedding: finished last, read first, 24 ms on
         64 x 100 GbE; doing the other layers' weight-gradient ops before it delays it, leaving them
-        for later queues their 54 ms of bytes behind it (116.2 -> 118.4 ms over the window bound).
+        for later queues their 54 ms of bytes behind it (116.2 -> 117.8 ms over the window bound).
         The anchor is the parameter with the largest ``release + c + tail``.
         """
-        if not getattr(self, "items", None):
+        if not self.items:
             return 0
         op, release, tail, cost = (list(x) for x in zip(*self.items))
         n = len(self.dur)
