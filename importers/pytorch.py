@@ -34,7 +34,8 @@ from schedopt.cost import DeviceSpec
 from schedopt.errors import GraphImportError, InvalidGraphError
 from schedopt.graph import Op, Param, TrainGraph
 
-__all__ = ["from_torch", "trace_train_step", "AtenGraphBuilder", "trainable_parameters", "torch_dtype_name"]
+__all__ = ["from_torch", "trace_train_step", "AtenGraphBuilder", "trainable_parameters", "torch_dtype_name",
+           "record_grad_order"]
 
 Level = Literal["aten", "module"]
 
@@ -88,10 +89,56 @@ def from_torch(
         raise GraphImportError(f"from_torch needs an nn.Module, got {type(model).__name__}")
     model.train()
     if level == "aten":
-        return _aten_graph(model, inputs, loss_fn, spec, optimizer, name)
-    if level == "module":
-        return _module_graph(model, inputs, loss_fn, spec, optimizer, name)
-    raise GraphImportError(f"unknown import level {level!r}; valid: aten, module")
+        graph = _aten_graph(model, inputs, loss_fn, spec, optimizer, name)
+    elif level == "module":
+        graph = _module_graph(model, inputs, loss_fn, spec, optimizer, name)
+    else:
+        raise GraphImportError(f"unknown import level {level!r}; valid: aten, module")
+    return _with_grad_order(graph, record_grad_order(model, inputs, loss_fn, name=name))
+
+
+def record_grad_order(model: Any, example_inputs: tuple, loss_fn: Callable[..., Any], *, name: str) -> list[str]:
+    """Return the trainable parameters in the order the real ``backward()`` fires their gradient hooks.
+
+    Steps:
+        1. Stand in a fake tensor for every parameter, buffer and input (no
+           memory is allocated, buffers are not updated).
+        2. Register a post-accumulate-grad hook on each fake parameter (what
+           the runtime and DDP's reducer hook), run forward, the loss and
+           ``loss.backward()`` through the real autograd engine.
+        3. The hooks' firing order is the gradient-ready order of eager
+           training; the engine's order depends on the graph, not on values.
+
+    Raises:
+        GraphImportError: the step cannot run, or a parameter got no gradient.
+    """
+    import torch
+    from torch.func import functional_call
+
+    params = trainable_parameters(model)
+    fired: list[str] = []
+    fake_mode = _fake_mode()
+    try:
+        with fake_mode:
+            fake_params = {n: fake_mode.from_tensor(p.detach()).requires_grad_(True) for n, p in params.items()}
+            for n, p in fake_params.items():
+                p.register_post_accumulate_grad_hook(lambda _p, n=n: fired.append(n))
+            fake_buffers = {n: fake_mode.from_tensor(b) for n, b in model.named_buffers()}
+            fake_inputs = tuple(fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                                for x in example_inputs)
+            output = functional_call(model, {**fake_params, **fake_buffers}, fake_inputs)
+            loss_fn(output, *fake_inputs).backward()
+    except Exception as exc:  # noqa: BLE001 - any failure of user code becomes one clear error
+        raise GraphImportError(f"cannot run the backward of {name} under fake tensors ({_first_line(exc)})") from exc
+    unused = [n for n in params if n not in fired]
+    if unused:
+        raise GraphImportError(f"{name}: parameters get no gradient: {', '.join(unused[:5])}")
+    return fired
+
+
+def _with_grad_order(graph: TrainGraph, grad_order: list[str]) -> TrainGraph:
+    return TrainGraph(name=graph.name, ops=graph.ops.values(), edges=graph.dag.edges,
+                      params=graph.params.values(), meta=graph.meta, grad_order=grad_order, check=False)
 
 
 # ------------------------------------------------------------------ aten level

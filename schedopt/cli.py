@@ -18,7 +18,7 @@ from .errors import SchedoptError
 from .io import write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_kind
 from .plan import Plan
-from .problem import MODES, Problem
+from .problem import EXECUTIONS, MODES, Problem
 from .units import format_duration, format_size, parse_bandwidth, parse_duration
 
 __all__ = ["main"]
@@ -75,11 +75,17 @@ def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> 
     group.add_argument("--bandwidth", help="per-rank bus bandwidth, e.g. 10Gbps or 1.25GB/s (overrides the preset)")
     group.add_argument("--latency", help="all-reduce step latency alpha, e.g. 20us (overrides the preset)")
     group.add_argument("--algorithm", choices=["ring", "tree"], default=None, help="all-reduce algorithm")
+    group.add_argument("--cluster", metavar="FILE", default=None,
+                       help="a cluster JSON (from 'schedopt calibrate'); the options above override its fields")
 
 
 def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
-    """Build the cluster from the options, starting from ``base`` (a plan's) when given."""
-    if base is None or args.network is not None:
+    """Build the cluster from the options, starting from ``--cluster``, else ``base`` (a plan's), when given."""
+    if getattr(args, "cluster", None):
+        if args.network is not None:
+            raise SchedoptError("give --cluster or --network, not both")
+        base = Cluster.load(args.cluster)
+    elif base is None or args.network is not None:
         base = Cluster.preset(args.network or "10gbe", world_size=args.world_size or (base.world_size if base else 8))
     overrides: dict[str, Any] = {}
     if args.world_size is not None:
@@ -171,7 +177,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     solver = get(args.solver)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode)
+    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution)
     options = _parse_options(args.option)
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
@@ -182,7 +188,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     p = plan.predicted
     assert p is not None
     print(
-        f"{plan.solver.name} [{plan.solver.status}] on {graph.name}, {problem.cluster.describe()}, {problem.mode}: "
+        f"{plan.solver.name} [{plan.solver.status}] on {graph.name}, {problem.cluster.describe()}, {problem.mode}, "
+        f"{problem.execution}: "
         f"iteration {format_duration(p.iteration_s)} (lower bound {format_duration(p.lower_bound_s)}, "
         f"exposed comm {format_duration(p.exposed_comm_s)}), {len(plan.buckets)} buckets -> {args.output}"
     )
@@ -195,7 +202,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args, base=plan.cluster), mode=args.mode or plan.mode)
+    problem = Problem(graph=graph, cluster=_cluster(args, base=plan.cluster), mode=args.mode or plan.mode,
+                      execution=plan.execution)  # type: ignore[arg-type]
     timeline = simulate(problem, plan)
     if args.trace:
         write_chrome_trace(timeline, args.trace, name=f"{graph.name} / {plan.solver.name}")
@@ -275,7 +283,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     names = _solver_list(args.solvers)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode)
+    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution)
     out = Path(args.out) if args.out else None
 
     def save(name: str, plan: Plan) -> None:
@@ -338,7 +346,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     base = _cluster(args)
     quiet = not _show_progress(args)
     rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
-                 time_limit_s=args.time_limit, seed=args.seed,
+                 execution=args.execution, time_limit_s=args.time_limit, seed=args.seed,
                  progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
     out = Path(args.out) if args.out else None
     plot = args.plot or (str(out / "sweep.png") if out else None)
@@ -386,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", required=True, help="solver name (see 'schedopt compare --solvers all')")
     _add_cluster_options(p, defaults=True)
     p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--execution", choices=EXECUTIONS, default="eager",
+                   help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
+                        "compiled: reorder ops too (needs a compiled runtime)")
     p.add_argument("--time-limit", type=_duration, default=None, help="solver time limit, e.g. 30 or 30s")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
@@ -418,6 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solvers", default="all", help="'all' or a comma-separated list (default all)")
     _add_cluster_options(p, defaults=True)
     p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--execution", choices=EXECUTIONS, default="eager",
+                   help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
+                        "compiled: reorder ops too (needs a compiled runtime)")
     p.add_argument("--time-limit", type=_duration, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
@@ -436,7 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preset whose latency and call overhead every case keeps (default 10gbe)")
     p.add_argument("--latency", help="all-reduce step latency alpha for every case, e.g. 20us")
     p.add_argument("--algorithm", choices=["ring", "tree"], default=None)
+    p.add_argument("--cluster", metavar="FILE", default=None,
+                   help="a cluster JSON whose latency, call overhead and algorithm every case keeps")
     p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--execution", choices=EXECUTIONS, default="eager",
+                   help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
+                        "compiled: reorder ops too (needs a compiled runtime)")
     p.add_argument("--time-limit", type=_duration, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")

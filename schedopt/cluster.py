@@ -24,7 +24,10 @@ import numpy as np
 from .errors import SchedoptError, UnitError
 from .units import parse_bandwidth, parse_duration
 
-__all__ = ["Cluster", "PRESETS", "calibrate"]
+__all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "fit_quality"]
+
+#: The schema of a cluster file (``schedopt calibrate -o``, ``--cluster FILE``).
+CLUSTER_SCHEMA = "schedopt.cluster/1"
 
 Algorithm = Literal["ring", "tree"]
 
@@ -144,6 +147,28 @@ class Cluster:
             raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    def save(self, path: Any, *, calibration: dict[str, Any] | None = None) -> None:
+        """Write the cluster as a cluster file (atomically), with the calibration that made it."""
+        from .io import write_json_atomic
+
+        data: dict[str, Any] = {"schema": CLUSTER_SCHEMA, **self.to_json()}
+        if calibration is not None:
+            data["calibration"] = calibration
+        write_json_atomic(path, data)
+
+    @classmethod
+    def load(cls, path: Any) -> Cluster:
+        """Read a cluster file written by :meth:`save` (or a bare cluster object, as inside a plan)."""
+        from .io import read_json
+
+        data = read_json(path, what="cluster", error=SchedoptError)
+        if isinstance(data, dict) and data.get("schema", CLUSTER_SCHEMA) != CLUSTER_SCHEMA:
+            raise SchedoptError(f"cluster file {str(path)!r} has schema {data['schema']!r}; expected {CLUSTER_SCHEMA!r}")
+        try:
+            return cls.from_json(data)
+        except TypeError as exc:
+            raise SchedoptError(f"cluster file {str(path)!r} is malformed: {exc}") from None
+
     def describe(self) -> str:
         """Return a one-line human description."""
         from .units import format_bandwidth, format_duration
@@ -201,3 +226,38 @@ def calibrate(
         algorithm=algorithm,
         name=name,
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FitQuality:
+    """How well a cluster's alpha-beta model explains a measured sweep.
+
+    ``r2`` is the coefficient of determination of the times; ``worst_residual``
+    the largest relative error ``|model - measured| / measured``, at
+    ``worst_size_bytes``.
+    """
+
+    r2: float
+    worst_residual: float
+    worst_size_bytes: float
+    num_points: int
+
+
+def fit_quality(cluster: Cluster, sizes_bytes: Iterable[float], times_s: Iterable[float]) -> FitQuality:
+    """Return how well ``cluster.allreduce_s`` predicts the measured ``times_s``.
+
+    Example:
+        >>> c = Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-5)
+        >>> q = fit_quality(c, [1e3, 1e6], [c.allreduce_s(1e3), c.allreduce_s(1e6)])
+        >>> round(q.r2, 6), round(q.worst_residual, 6)
+        (1.0, 0.0)
+    """
+    sizes = np.asarray(list(sizes_bytes), dtype=float)
+    times = np.asarray(list(times_s), dtype=float)
+    model = np.array([cluster.allreduce_s(s) for s in sizes])
+    total = float(((times - times.mean()) ** 2).sum())
+    r2 = 1.0 - float(((times - model) ** 2).sum()) / total if total > 0 else 1.0
+    relative = np.abs(model - times) / times
+    worst = int(np.argmax(relative))
+    return FitQuality(r2=r2, worst_residual=float(relative[worst]), worst_size_bytes=float(sizes[worst]),
+                      num_points=int(sizes.size))

@@ -172,6 +172,10 @@ class TrainGraph:
         edges: ``(before, after)`` data dependencies between op ids.
         params: the trainable parameters in ``named_parameters()`` order.
         meta: free-form provenance (importer, device, batch size, ...).
+        grad_order: the parameter names in the order the real autograd engine
+            fires their post-accumulate-grad hooks, when the importer recorded
+            it (torch models); :func:`schedopt.orders.engine_order` then
+            reproduces it exactly. None where it is unknown (ONNX, synthetic).
         check: run :func:`validate` (default). Turn off only in code that
             validates itself later.
 
@@ -187,10 +191,12 @@ class TrainGraph:
         edges: Iterable[tuple[str, str]],
         params: Iterable[Param],
         meta: Mapping[str, Any] | None = None,
+        grad_order: Sequence[str] | None = None,
         check: bool = True,
     ) -> None:
         self.name = name
         self.meta: dict[str, Any] = dict(meta or {})
+        self.grad_order: tuple[str, ...] | None = None if grad_order is None else tuple(grad_order)
         self.ops: dict[str, Op] = {}
         for op in ops:
             if op.id in self.ops:
@@ -208,6 +214,15 @@ class TrainGraph:
                 if end not in self.ops:
                     raise InvalidGraphError(f"edge ({before!r}, {after!r}) names unknown op {end!r}")
             self.dag.add_edge(before, after)
+        if self.grad_order is not None and (
+            len(self.grad_order) != len(self.params) or set(self.grad_order) != set(self.params)
+        ):
+            extra = sorted(set(self.grad_order) - set(self.params))[:3]
+            lacking = sorted(set(self.params) - set(self.grad_order))[:3]
+            raise InvalidGraphError(
+                f"grad_order must list every trainable parameter once ({len(self.grad_order)} names for "
+                f"{len(self.params)} parameters; unknown: {extra or 'none'}, missing: {lacking or 'none'})"
+            )
         if check:
             validate(self)
 
@@ -315,6 +330,7 @@ class TrainGraph:
             edges=self.dag.edges,
             params=self.params.values(),
             meta={**self.meta, **(meta or {})},
+            grad_order=self.grad_order,
         )
 
     # ------------------------------------------------------------------ JSON
@@ -328,6 +344,7 @@ class TrainGraph:
             "params": [p.to_json() for p in self.params.values()],
             "ops": [op.to_json() for op in self.ops.values()],
             "edges": [[u, v] for u, v in self.dag.edges],
+            **({"grad_order": list(self.grad_order)} if self.grad_order is not None else {}),
         }
 
     @classmethod
@@ -362,11 +379,16 @@ class TrainGraph:
                 for o in data["ops"]
             ]
             edges = [(str(u), str(v)) for u, v in data["edges"]]
+            grad_order = data.get("grad_order")
+            if grad_order is not None:
+                if not isinstance(grad_order, list) or not all(isinstance(n, str) for n in grad_order):
+                    raise TypeError("grad_order must be a list of parameter names")
         except KeyError as exc:
             raise InvalidGraphError(f"graph JSON lacks field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
             raise InvalidGraphError(f"graph JSON has a malformed entry: {exc}") from None
-        return cls(name=str(data.get("name", "model")), ops=ops, edges=edges, params=params, meta=data.get("meta"))
+        return cls(name=str(data.get("name", "model")), ops=ops, edges=edges, params=params, meta=data.get("meta"),
+                   grad_order=grad_order)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the graph as JSON (atomically)."""

@@ -1,8 +1,29 @@
 """Op orders derived from a training graph.
 
 The autograd engine runs, among the backward nodes that are ready, the one
-with the highest sequence number (the order its forward op was recorded in).
-:func:`engine_order` reproduces that on a :class:`TrainGraph`:
+with the highest sequence number (the order its forward op was recorded in);
+a parameter's ``AccumulateGrad`` node has the highest priority of all, so its
+post-accumulate-grad hook fires as soon as the node that produced its
+gradient finishes. :func:`engine_order` reproduces that on a
+:class:`TrainGraph`, in one of two ways.
+
+With a recorded ``graph.grad_order`` (the torch importers run the real
+``backward()`` under fake tensors and record the hooks), the order is exact
+for what the runtime sees:
+
+1. Forward ops run in source order (the program's order).
+2. Each backward op gets a *deadline*: the earliest position in
+   ``grad_order`` of a gradient it feeds (itself or a descendant finishes
+   it). Backward ops run by deadline, then source order (the traced engine
+   order), subject to dependencies. A recorded order that no op order can
+   produce cannot occur: a gradient whose op feeds another's is ready first.
+3. Optimizer ops run last.
+
+:func:`ready_order` breaks ties between gradients finished by one op (the
+weight and bias of a fused backward kernel) by ``grad_order`` too, so the
+gradient-ready order under :func:`engine_order` equals the hooks' order.
+
+Without one (ONNX and synthetic graphs), sequence numbers are estimated:
 
 1. Forward ops run in source order.
 2. A backward op's sequence number is the source position of its latest
@@ -33,8 +54,17 @@ def topological_order(graph: TrainGraph) -> list[str]:
 
 
 def engine_order(graph: TrainGraph) -> list[str]:
-    """Return the order PyTorch's autograd engine would run the graph in (see module docstring)."""
+    """Return the order PyTorch's autograd engine runs the graph in (see module docstring)."""
     index = graph.index
+    if graph.grad_order is not None:
+        deadline = _deadlines(graph)
+
+        def key(op_id: str) -> tuple[int, int, int]:
+            phase = _RANK[graph.ops[op_id].phase]
+            return (phase, deadline[op_id] if phase == 1 else 0, index[op_id])
+
+        return list(nx.lexicographical_topological_sort(graph.dag, key=key))
+
     seq: dict[str, int] = {}
     for op_id in topological_order(graph):
         op = graph.ops[op_id]
@@ -45,14 +75,33 @@ def engine_order(graph: TrainGraph) -> list[str]:
         forward = [index[p] for p in preds if graph.ops[p].phase == "forward"]
         seq[op_id] = max(forward) if forward else max((seq[p] for p in preds), default=-1)
 
-    def key(op_id: str) -> tuple[int, int, int]:
+    def estimated_key(op_id: str) -> tuple[int, int, int]:
         phase = _RANK[graph.ops[op_id].phase]
         return (phase, -seq[op_id] if phase == 1 else 0, index[op_id])
 
-    return list(nx.lexicographical_topological_sort(graph.dag, key=key))
+    return list(nx.lexicographical_topological_sort(graph.dag, key=estimated_key))
+
+
+def _deadlines(graph: TrainGraph) -> dict[str, int]:
+    """Op id -> the least ``grad_order`` position of a gradient it (or a descendant) finishes."""
+    assert graph.grad_order is not None
+    never = len(graph.grad_order)
+    deadline = dict.fromkeys(graph.ops, never)
+    for rank, name in enumerate(graph.grad_order):
+        deadline[graph.params[name].grad_op] = min(deadline[graph.params[name].grad_op], rank)
+    for op_id in reversed(list(nx.topological_sort(graph.dag))):
+        for succ in graph.dag.successors(op_id):
+            if deadline[succ] < deadline[op_id]:
+                deadline[op_id] = deadline[succ]
+    return deadline
 
 
 def ready_order(graph: TrainGraph, order: Sequence[str]) -> list[str]:
-    """Return the parameter names sorted by when their gradient is finished under ``order``."""
+    """Return the parameter names sorted by when their gradient is finished under ``order``.
+
+    Gradients finished by one op keep ``graph.grad_order`` where it is known,
+    ``named_parameters()`` order otherwise.
+    """
     position = {op_id: i for i, op_id in enumerate(order)}
-    return sorted(graph.params, key=lambda name: position[graph.params[name].grad_op])
+    rank = {name: i for i, name in enumerate(graph.grad_order or graph.params)}
+    return sorted(graph.params, key=lambda name: (position[graph.params[name].grad_op], rank[name]))

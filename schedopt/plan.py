@@ -7,6 +7,14 @@ parameters are laid out in its flat buffer in the order listed; with
 and a chunk is issued once every gradient that overlaps it is ready and the
 previous chunk was issued.
 
+``execution`` says how the order is run (:mod:`schedopt.problem`): an
+``eager`` plan's order is the autograd engine's, which is what eager PyTorch
+runs; a ``compiled`` plan's order is free.
+
+Schema history: ``schedopt.plan/1`` had no ``execution``; its orders were
+chosen freely, so such a plan loads as ``compiled`` (``Plan.schema`` keeps
+what was read). ``schedopt.plan/2`` adds ``execution``.
+
 Loading a plan never executes code: it is JSON only.
 """
 
@@ -20,7 +28,8 @@ from .cluster import Cluster
 from .errors import InvalidPlanError, PlanMismatchError, SchedoptError
 from .graph import TrainGraph
 from .io import read_json, write_json_atomic
-from .problem import MODES, Problem
+from .orders import engine_order
+from .problem import EXECUTIONS, MODES, Problem
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -33,7 +42,9 @@ __all__ = [
     "chunk_bounds",
 ]
 
-PLAN_SCHEMA = "schedopt.plan/1"
+PLAN_SCHEMA = "schedopt.plan/2"
+#: Schemas this schedopt reads; a plan of schema 1 predates ``execution`` and loads as ``compiled``.
+READABLE_SCHEMAS = ("schedopt.plan/1", PLAN_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +121,8 @@ class Plan:
     buckets: tuple[Bucket, ...]
     solver: SolverInfo
     predicted: Prediction | None = None
+    execution: str = "eager"
+    schema: str = PLAN_SCHEMA  # the schema it was read from; always written as PLAN_SCHEMA
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", tuple(self.order))
@@ -129,6 +142,7 @@ class Plan:
             model=ModelRef.of(problem.graph),
             cluster=problem.cluster,
             mode=problem.mode,
+            execution=problem.execution,
             order=tuple(order),
             buckets=tuple(b if isinstance(b, Bucket) else Bucket(params=tuple(b)) for b in buckets),
             solver=solver,
@@ -147,6 +161,7 @@ class Plan:
             },
             "cluster": self.cluster.to_json(),
             "mode": self.mode,
+            "execution": self.execution,
             "order": list(self.order),
             "buckets": [b.to_json() for b in self.buckets],
             "solver": {
@@ -181,8 +196,10 @@ class Plan:
         if not isinstance(data, dict):
             raise InvalidPlanError(f"a plan must be a JSON object, got {type(data).__name__}")
         schema = data.get("schema")
-        if schema != PLAN_SCHEMA:
-            raise InvalidPlanError(f"unsupported plan schema {schema!r}; this schedopt reads {PLAN_SCHEMA!r}")
+        if schema not in READABLE_SCHEMAS:
+            raise InvalidPlanError(
+                f"unsupported plan schema {schema!r}; this schedopt reads {', '.join(map(repr, READABLE_SCHEMAS))}"
+            )
         try:
             model, solver = data["model"], data["solver"]
             predicted = data.get("predicted")
@@ -195,6 +212,8 @@ class Plan:
                 ),
                 cluster=Cluster.from_json(data["cluster"]),
                 mode=str(data["mode"]),
+                execution=str(data["execution"]) if schema == PLAN_SCHEMA else "compiled",
+                schema=str(schema),
                 order=tuple(str(o) for o in data["order"]),
                 buckets=tuple(
                     Bucket(params=tuple(str(p) for p in b["params"]), chunks=b.get("chunks", 1))
@@ -249,8 +268,10 @@ def chunk_bounds(numel: int, chunks: int) -> list[tuple[int, int]]:
 def validate(plan: Plan, graph: TrainGraph) -> None:
     """Check that ``plan`` applies to ``graph``.
 
-    1. The plan was made for this graph (fingerprint) and a known mode.
-    2. The order runs every op exactly once and respects every dependency.
+    1. The plan was made for this graph (fingerprint), in a known mode and
+       execution.
+    2. The order runs every op exactly once and respects every dependency;
+       an ``eager`` plan's order is the engine's (:func:`schedopt.orders.engine_order`).
     3. Every parameter is in exactly one bucket; buckets are non-empty, hold
        one dtype, and have between 1 and (bucket elements) chunks.
 
@@ -266,6 +287,8 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
         )
     if plan.mode not in MODES:
         raise InvalidPlanError(f"plan has unknown mode {plan.mode!r}; valid: {', '.join(MODES)}")
+    if plan.execution not in EXECUTIONS:
+        raise InvalidPlanError(f"plan has unknown execution {plan.execution!r}; valid: {', '.join(EXECUTIONS)}")
     # 2. order
     position: dict[str, int] = {}
     for i, op_id in enumerate(plan.order):
@@ -283,6 +306,15 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
             raise InvalidPlanError(
                 f"order breaks a dependency: {after!r} (position {position[after]}) runs before "
                 f"{before!r} (position {position[before]}), which it depends on"
+            )
+    if plan.execution == "eager":
+        engine = engine_order(graph)
+        if list(plan.order) != engine:
+            k = next(i for i, (a, b) in enumerate(zip(plan.order, engine)) if a != b)
+            raise InvalidPlanError(
+                f"an eager plan must keep the autograd engine's order, but position {k} runs "
+                f"{plan.order[k]!r} where the engine runs {engine[k]!r} (plan with --execution compiled "
+                "to reorder)"
             )
     # 3. buckets
     home: dict[str, int] = {}

@@ -8,6 +8,15 @@
   parameter waits only for that parameter's update. The window is
   ``[ready(p), first use of p in the next step]``; the iteration time is the
   steady-state period.
+
+Execution, how the plan's op order is run:
+
+- ``eager`` (default): eager PyTorch runs forward in program order and
+  backward in the autograd engine's order (:func:`schedopt.orders.engine_order`),
+  so an eager plan keeps that order and chooses buckets and chunks only.
+  ``schedopt.runtime.wrap`` applies eager plans.
+- ``compiled``: the order is free (Caramel's computation scheduling); only a
+  runtime that executes the graph itself (``torch.compile``) can apply it.
 """
 
 from __future__ import annotations
@@ -19,20 +28,30 @@ from .cluster import Cluster
 from .errors import SchedoptError
 from .graph import TrainGraph
 
-__all__ = ["Problem", "MODES", "Mode"]
+__all__ = ["Problem", "MODES", "Mode", "EXECUTIONS", "Execution"]
 
 Mode = Literal["barrier", "overlap"]
 MODES: tuple[str, ...] = ("barrier", "overlap")
+Execution = Literal["eager", "compiled"]
+EXECUTIONS: tuple[str, ...] = ("eager", "compiled")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Problem:
-    """What a solver schedules: ``graph`` on ``cluster`` in ``mode``."""
+    """What a solver schedules: ``graph`` on ``cluster`` in ``mode``, run with ``execution``."""
 
     graph: TrainGraph
     cluster: Cluster
     mode: Mode = "barrier"
+    execution: Execution = "eager"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SchedoptError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if self.execution not in EXECUTIONS:
+            raise SchedoptError(f"unknown execution {self.execution!r}; valid: {', '.join(EXECUTIONS)}")
+
+    @property
+    def reorders(self) -> bool:
+        """True when a solver may change the op order (``compiled`` execution)."""
+        return self.execution == "compiled"

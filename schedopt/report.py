@@ -111,6 +111,7 @@ def sweep(
     world_sizes: Sequence[int],
     solvers: Sequence[str],
     mode: str = "barrier",
+    execution: str = "eager",
     time_limit_s: float | None = None,
     seed: int = 0,
     progress: Callable[[Iterable[tuple[int, float]]], Iterable[tuple[int, float]]] = lambda cases: cases,
@@ -126,7 +127,7 @@ def sweep(
     cases = [(n, bw) for n in world_sizes for bw in bandwidths_Bps]
     for world_size, bandwidth in progress(cases):
         cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
-        problem = Problem(graph=graph, cluster=cluster, mode=mode)  # type: ignore[arg-type]
+        problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution)  # type: ignore[arg-type]
         for row in compare(problem, solvers, time_limit_s=time_limit_s, seed=seed):
             rows.append({"world_size": world_size, "bandwidth_Bps": bandwidth, **row})
     return rows

@@ -1,6 +1,7 @@
 """``caramel``: the Caramel method (Hashemi et al., arXiv 2004.14020) in three parts.
 
-1. **DAG scheduling.** A list scheduler over backward ops. Among the ready
+1. **DAG scheduling** (``compiled`` execution only; an ``eager`` plan keeps
+   the autograd engine's order). A list scheduler over backward ops. Among the ready
    ones, an op that finishes gradients runs first, the one with the most
    gradient bytes per second of its own compute first (Smith's ratio rule,
    which minimizes the bytes-weighted sum of gradient ready times on one
@@ -71,9 +72,11 @@ def _gradient_priorities(graph: TrainGraph) -> dict[str, tuple[int, float]]:
 
 
 def caramel_order(problem: Problem) -> list[str]:
-    """Return Caramel's op order (step 1 of the module docstring)."""
+    """Return Caramel's op order (step 1 of the module docstring); the engine's for ``eager`` execution."""
     graph = problem.graph
     base = engine_order(graph)
+    if not problem.reorders:
+        return base
     rank = {op_id: i for i, op_id in enumerate(base)}
     priority = _gradient_priorities(graph)
     ready_rank = {name: i for i, name in enumerate(_ready_names(graph, base))}

@@ -225,9 +225,11 @@ class Coarse:
     edges: set[tuple[int, int]]
 
 
-def coarsen(graph: TrainGraph, ops: list[str]) -> Coarse:
-    """Contract chains ``u -> v`` (u's only successor, v's only predecessor, same phase, u finishes no gradient)."""
+def coarsen(graph: TrainGraph, ops: list[str], *, keep_order: bool = False) -> Coarse:
+    """Contract chains ``u -> v`` (u's only successor, v's only predecessor, same phase, u finishes no gradient);
+    with ``keep_order`` only where v comes right after u in ``ops``, so every chain is a run of ``ops``."""
     inside = set(ops)
+    position = {o: k for k, o in enumerate(ops)}
     sub = graph.dag.subgraph(ops)
     merge_into_pred: dict[str, str] = {}
     for v in ops:
@@ -237,7 +239,8 @@ def coarsen(graph: TrainGraph, ops: list[str]) -> Coarse:
         u = preds[0]
         if (sub.out_degree(u) == 1 and not graph.ops[u].grads
                 and graph.ops[u].phase == graph.ops[v].phase
-                and len([p for p in graph.dag.predecessors(v) if p in inside]) == 1):
+                and len([p for p in graph.dag.predecessors(v) if p in inside]) == 1
+                and (not keep_order or position[v] == position[u] + 1)):
             merge_into_pred[v] = u
     chains: list[list[str]] = []
     of: dict[str, int] = {}
@@ -293,11 +296,20 @@ class _BucketsMixin:
 
     def expand(self, solver) -> tuple[list[str], list[list[str]]]:
         """Read a solution: the fixed head, the free ops by start time, the optimizer; then the buckets."""
-        chain_order = sorted(range(len(self.coarse.chains)), key=lambda i: solver.Value(self.start[i]))
+        rank = getattr(self, "fixed_rank", range(len(self.coarse.chains)))
+        chain_order = sorted(range(len(self.coarse.chains)), key=lambda i: (solver.Value(self.start[i]), rank[i]))
         free = [o for i in chain_order for o in self.coarse.chains[i]]
         optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
         order = self.head + free + optimizer
         return order, self.read_buckets(solver, order)
+
+    def fix_order(self, order: list[str]) -> None:
+        """Run the free ops' chains in ``order`` (``eager`` execution: the engine's order is given)."""
+        position = {o: k for k, o in enumerate(order)}
+        chains = sorted(range(len(self.coarse.chains)), key=lambda i: position[self.coarse.chains[i][0]])
+        for a, b in zip(chains, chains[1:]):
+            self.model.Add(self.start[b] >= self.end[a])
+        self.fixed_rank = {i: k for k, i in enumerate(chains)}
 
     def read_buckets(self, solver, order: list[str]) -> list[list[str]]:
         """The used buckets of a solution, each in gradient-ready order under ``order``."""
@@ -319,7 +331,7 @@ class _Model(_BucketsMixin):
 
         graph, cluster = problem.graph, problem.cluster
         self.graph, self.tick_s, self.head = graph, tick_s, prefix
-        self.coarse = coarsen(graph, free)
+        self.coarse = coarsen(graph, free, keep_order=not problem.reorders)
         chains = self.coarse.chains
         self.dur = [sum(_ticks(graph.ops[o].duration_s, tick_s) for o in chain) for chain in chains]
         self.fixed = sum(_ticks(graph.ops[o].duration_s, tick_s) for o in prefix)
@@ -435,7 +447,7 @@ class _OverlapModel(_BucketsMixin):
         """Prepare the data and the constant bound; :meth:`build` creates the CP-SAT model."""
         graph, cluster = problem.graph, problem.cluster
         self.graph, self.forward, self.head = graph, forward, forward
-        self.coarse = coarsen(graph, backward)
+        self.coarse = coarsen(graph, backward, keep_order=not problem.reorders)
         chains = self.coarse.chains
         self.fwd_dur = [_ticks(graph.ops[o].duration_s, tick_s) for o in forward]
         self.dur = [sum(_ticks(graph.ops[o].duration_s, tick_s) for o in chain) for chain in chains]
@@ -790,10 +802,11 @@ def _feeds_backward(graph: TrainGraph) -> set[str]:
     return feeds
 
 
-def _split_prefix(graph: TrainGraph, order: list[str]) -> tuple[list[str], list[str]]:
-    """Forward ops with a backward descendant run first (fixed); the rest are free."""
+def _split_prefix(graph: TrainGraph, order: list[str], *, all_forward: bool = False) -> tuple[list[str], list[str]]:
+    """Forward ops with a backward descendant (every forward op with ``all_forward``) run first,
+    fixed; the rest are free."""
     feeds = _feeds_backward(graph)
-    prefix = [o for o in order if graph.ops[o].phase == "forward" and o in feeds]
+    prefix = [o for o in order if graph.ops[o].phase == "forward" and (all_forward or o in feeds)]
     free = [o for o in order if o not in prefix and graph.ops[o].phase != "optimizer"]
     return prefix, free
 
@@ -807,9 +820,10 @@ def _dead_forward(graph: TrainGraph, mode: str) -> set[str]:
             if op.phase == "forward" and o not in feeds and (mode == "barrier" or not op.reads)}
 
 
-def _overlap_ops(graph: TrainGraph, order: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The overlap model's fixed forward ops and free ops (backward, and :func:`_dead_forward`'s), in ``order``."""
-    dead = _dead_forward(graph, "overlap")
+def _overlap_ops(graph: TrainGraph, order: Sequence[str], *, reorder: bool = True) -> tuple[list[str], list[str]]:
+    """The overlap model's fixed forward ops and free ops (backward, and :func:`_dead_forward`'s
+    when ``reorder``), in ``order``."""
+    dead = _dead_forward(graph, "overlap") if reorder else set()
     forward = [o for o in order if graph.ops[o].phase == "forward" and o not in dead]
     return forward, [o for o in order if graph.ops[o].phase == "backward" or o in dead]
 
@@ -848,14 +862,14 @@ def _warm_starts(problem: Problem, seed: int, time_limit_s: float,
             t_split = simulate(problem, split).iteration_s
             if t_split <= t:
                 scored[k] = (t_split, split)
-    dead = _dead_forward(graph, problem.mode)
-    orders = [engine_order(graph), caramel_order(problem)]
+    dead = _dead_forward(graph, problem.mode) if problem.reorders else set()
+    orders = list(dict.fromkeys((tuple(engine_order(graph)), tuple(caramel_order(problem)))))
     orders += [deferred for order in orders if (deferred := _defer_dead_forward(graph, order, dead)) != order]
     for order in orders:
         add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
     _, best = min(scored, key=lambda tp: tp[0])
     buckets = [b.params for b in best.buckets]
-    if (rerun := bucket_first_order(graph, best.order, buckets)) != list(best.order):
+    if problem.reorders and (rerun := bucket_first_order(graph, best.order, buckets)) != list(best.order):
         add(rerun, buckets, f"{best.solver.name}-bucket-first")
     if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
         return scored
@@ -917,7 +931,7 @@ def _search_buckets(problem: Problem, order: list[str], buckets: list[list[str]]
                                     time_limit_s=share * time_s)
         buckets = state.names(result)
         candidates = [order]
-        if (rerun := bucket_first_order(problem.graph, order, buckets)) != order:
+        if problem.reorders and (rerun := bucket_first_order(problem.graph, order, buckets)) != order:
             candidates.append(rerun)
         for candidate in candidates:
             plan = Plan.for_problem(problem, order=candidate, buckets=buckets, solver=SolverInfo(name="search"))
@@ -971,11 +985,11 @@ def solve_cpsat(
     num_units = len({(p.grad_op, p.dtype) for p in graph.params.values()})
     B = max_buckets or min(num_units, max(len(hint_buckets) + 2, 8))
     if problem.mode == "barrier":
-        prefix, free = _split_prefix(graph, hint_plan.order)
+        prefix, free = _split_prefix(graph, list(hint_plan.order), all_forward=not problem.reorders)
         model: _Model | _OverlapModel = _Model(problem, prefix, free, tick_s, B,
                                                profile_wall_s=min(PROFILE_WALL_S, PROFILE_SHARE * time_limit_s))
     else:
-        forward, backward = _overlap_ops(graph, hint_plan.order)
+        forward, backward = _overlap_ops(graph, hint_plan.order, reorder=problem.reorders)
         read = {name for o in forward for name in graph.ops[o].reads}
         if set(graph.params) - read:
             return fallback("FEASIBLE", "a parameter no forward op reads: the overlap model needs a first use")
@@ -986,6 +1000,8 @@ def solve_cpsat(
                             f"large for CP-SAT; the warm start with the model's constant bound",
                             bound_s=min(model.static_bound * tick_s, hint_s))
         model.build()
+    if not problem.reorders:  # eager: the engine's order, buckets only
+        model.fix_order(list(hint_plan.order))
     sizes.update(_model_size(model, B))
     hint = model.hint(hint_plan.order, hint_buckets)
     for var, value in hint.items():

@@ -79,7 +79,7 @@ def random_buckets(draw, graph: TrainGraph) -> list[Bucket]:
 @st.composite
 def problems_and_plans(draw, max_ops: int = 8) -> tuple[Problem, Plan]:
     graph = draw(train_graphs(max_ops=max_ops))
-    problem = Problem(graph=graph, cluster=draw(clusters()), mode=draw(st.sampled_from(["barrier", "overlap"])))
+    problem = Problem(execution="compiled", graph=graph, cluster=draw(clusters()), mode=draw(st.sampled_from(["barrier", "overlap"])))
     plan = Plan.for_problem(problem, order=draw(random_orders(graph)), buckets=draw(random_buckets(graph)),
                             solver=SolverInfo(name="random"))
     return problem, plan

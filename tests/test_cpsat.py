@@ -35,7 +35,7 @@ def tick_tolerance(plan) -> float:
        latency=st.floats(0, 5e-5))
 def test_barrier_objective_equals_the_simulated_iteration(graph, world_size, bandwidth, latency):
     cluster = Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=latency, call_s=5e-6)
-    problem = Problem(graph=graph, cluster=cluster, mode="barrier")
+    problem = Problem(execution="compiled", graph=graph, cluster=cluster, mode="barrier")
     plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
     assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=tick_tolerance(plan))
     assert plan.solver.bound_s <= plan.predicted.iteration_s + tick_tolerance(plan)
@@ -103,7 +103,7 @@ def small_graphs(draw):
 def test_cpsat_finds_the_brute_force_optimum(graph, world_size, bandwidth):
     backward = [o for o in graph.ops if graph.ops[o].phase == "backward"]
     assert len(backward) <= 7 and len(graph.params) <= 4
-    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
                                                    latency_s=2e-5, call_s=1e-5))
     plan = get("cpsat")(problem, time_limit_s=20, num_workers=1)
     assert plan.solver.status == "OPTIMAL"
@@ -115,7 +115,7 @@ def test_cpsat_finds_the_brute_force_optimum(graph, world_size, bandwidth):
 def test_overlap_bound_never_exceeds_the_brute_force_optimum(graph, world_size, bandwidth):
     """The cyclic model's cuts (window bound, cycle cut) cut off no plan: its bound stays below
     the best period over every order and every ordered bucketing, and its plan reaches it when proven."""
-    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
                                                    latency_s=2e-5, call_s=1e-5), mode="overlap")
     plan = get("cpsat")(problem, time_limit_s=20, num_workers=1)
     best = brute_force(problem)
@@ -133,7 +133,7 @@ def test_ready_time_bound_never_exceeds_the_brute_force_optimum(graph, world_siz
     ready time) cuts off no plan, and with the compute time it is at least the simulator's bound."""
     from schedopt.solvers.cpsat import _Model, _split_prefix
 
-    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
                                                    latency_s=2e-5, call_s=1e-5))
     warm = get("caramel")(problem)
     tick_s = warm.predicted.iteration_s / 1e6
@@ -148,7 +148,7 @@ def test_ready_time_bound_is_exact_when_the_order_is_forced(chain3, two_ranks):
     """chain3 has one order: b2 ends at 3 ms, b1 at 6 ms; the best plan sends [w2] at 3-5 and [w1] at 6-9 ms."""
     from schedopt.solvers.cpsat import _Model, _split_prefix
 
-    problem = Problem(graph=chain3, cluster=two_ranks)
+    problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks)
     tick_s = 1e-6
     model = _Model(problem, *_split_prefix(chain3, ["fwd", "b2", "b1", "opt"]), tick_s, num_buckets=2)
     assert model.ready_bound * tick_s == pytest.approx(9e-3)
@@ -174,7 +174,7 @@ def test_profile_bound_makes_gradient_ops_share_the_compute_stream(two_ranks):
         edges=[("fwd", "b0"), *[("b0", g) for g in branches_], *[(g, "gL") for g in branches_], ("gL", "opt")],
         params=[*[param(f"w{g[1]}", 3_000_000, g) for g in branches_], param("wL", 4_000_000, "gL")],
     )
-    problem = Problem(graph=graph, cluster=two_ranks)
+    problem = Problem(execution="compiled", graph=graph, cluster=two_ranks)
     tick_s = 1e-6
     model = _Model(problem, *_split_prefix(graph, ["fwd", "b0", *branches_, "gL", "opt"]), tick_s, num_buckets=4)
     earliest = [5000] * 3 + [12000]
@@ -215,7 +215,7 @@ HEURISTICS = [name for name in SOLVERS if name != "cpsat"]
 @pytest.mark.parametrize("graph", [chain(5), diamond(), branches(3), transformer_like(2)], ids=lambda g: g.name)
 @pytest.mark.parametrize("mode", ["barrier", "overlap"])
 def test_cpsat_is_never_worse_than_any_heuristic(graph, mode):
-    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
     plan = get("cpsat")(problem, time_limit_s=5)
     best = min(get(h)(problem).predicted.iteration_s for h in HEURISTICS)
     assert plan.predicted.iteration_s <= best * (1 + 1e-9)
@@ -227,7 +227,7 @@ def test_cpsat_is_never_worse_than_any_heuristic(graph, mode):
 
 def test_timeout_returns_the_warm_start_and_says_so():
     graph = transformer_like(8)
-    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=64))
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=64))
     plan = get("cpsat")(problem, time_limit_s=0.01, num_workers=1)
     assert plan.solver.status == "FEASIBLE"
     assert plan.predicted.iteration_s <= get("caramel")(problem).predicted.iteration_s * (1 + 1e-9)
@@ -236,7 +236,7 @@ def test_timeout_returns_the_warm_start_and_says_so():
 
 
 def test_deterministic_for_a_seed_with_one_worker():
-    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("10gbe", world_size=16))
+    problem = Problem(execution="compiled", graph=transformer_like(2), cluster=Cluster.preset("10gbe", world_size=16))
     first = get("cpsat")(problem, time_limit_s=10, num_workers=1, seed=3)
     second = get("cpsat")(problem, time_limit_s=10, num_workers=1, seed=3)
     assert (first.order, first.buckets) == (second.order, second.buckets)
@@ -254,7 +254,7 @@ def test_coarsening_keeps_gradient_ops_at_chain_ends():
 
 def test_progress_reports_objective_and_bound():
     seen = []
-    problem = Problem(graph=branches(3), cluster=Cluster.preset("100gbe", world_size=8))
+    problem = Problem(execution="compiled", graph=branches(3), cluster=Cluster.preset("100gbe", world_size=8))
     get("cpsat")(problem, time_limit_s=5, on_progress=seen.append)
     assert seen, "CP-SAT reported no solution (the repaired warm start counts as one)"
     for event in seen:
@@ -271,7 +271,7 @@ def test_overlap_objective_matches_the_simulated_period(graph, world_size, bandw
     not reproduced since; the relative tolerance below covers it.
     """
     cluster = Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=1e-5, call_s=5e-6)
-    problem = Problem(graph=graph, cluster=cluster, mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=cluster, mode="overlap")
     plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
     slack = tick_tolerance(plan) + 1e-4 * plan.solver.objective_s
     assert plan.predicted.iteration_s <= plan.solver.objective_s + slack
@@ -281,7 +281,7 @@ def test_overlap_objective_matches_the_simulated_period(graph, world_size, bandw
 
 def test_bound_phase_keeps_the_higher_bound():
     # 12 blocks on 8 x 100 GbE: not proven in 3 s (a 0.5% gap), so both phases run
-    problem = Problem(graph=transformer_like(12), cluster=Cluster.preset("100gbe", world_size=8))
+    problem = Problem(execution="compiled", graph=transformer_like(12), cluster=Cluster.preset("100gbe", world_size=8))
     plan = get("cpsat")(problem, time_limit_s=3, num_workers=2)
     options = plan.solver.options
     # the bound phase runs unless the search phase proved optimality (it did not, in every run so far)
@@ -296,7 +296,7 @@ def test_an_overlap_model_too_large_returns_the_warm_start_with_its_constant_bou
 
     monkeypatch.setattr(cpsat, "OVERLAP_MAX_PAIRS", 1)
     graph = transformer_like(2)
-    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
     plan = get("cpsat")(problem, time_limit_s=5, num_workers=1)
     assert plan.solver.status == "FEASIBLE" and plan.solver.options["result"] == "hint"
     assert "too large" in plan.solver.options["why"]
@@ -324,13 +324,13 @@ def test_barrier_defers_forward_ops_no_gradient_waits_for(two_ranks):
     )
     dead = _dead_forward(graph, "barrier")
     assert _defer_dead_forward(graph, ["fwd", "stat", "b2", "b1", "opt"], dead) == ["fwd", "b2", "b1", "stat", "opt"]
-    problem = Problem(graph=graph, cluster=two_ranks)
+    problem = Problem(execution="compiled", graph=graph, cluster=two_ranks)
     assert get("pytorch-ddp")(problem).predicted.iteration_s > 11e-3
     plan = get("cpsat")(problem, time_limit_s=5, num_workers=1)
     assert plan.order.index("stat") > plan.order.index("b1")
     assert plan.predicted.iteration_s == pytest.approx(9.5e-3)
     # overlap: the model treats stat as a free op; the period's objective matches the simulator
-    overlap = Problem(graph=graph, cluster=two_ranks, mode="overlap")
+    overlap = Problem(execution="compiled", graph=graph, cluster=two_ranks, mode="overlap")
     plan = get("cpsat")(overlap, time_limit_s=5, num_workers=1)
     assert plan.order.index("stat") > plan.order.index("b1")
     assert plan.predicted.iteration_s <= get("caramel")(overlap).predicted.iteration_s - 1e-3
@@ -367,7 +367,7 @@ def tied_graphs(draw):
 @given(graph=st.one_of(small_graphs(), tied_graphs()), world_size=st.integers(2, 64),
        bandwidth=st.floats(1e8, 1e10), latency=st.floats(0, 1e-4))
 def test_channel_and_anchor_bounds_never_exceed_the_brute_force_optimum(graph, world_size, bandwidth, latency):
-    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
                                                    latency_s=latency, call_s=1e-5), mode="overlap")
     model, tick_s = _overlap_model(problem, list(get("pytorch-ddp")(problem).order))
     slack = (len(graph.ops) + 2 * len(graph.params) + 2) * tick_s
@@ -382,7 +382,7 @@ def test_anchor_bound_weighs_deferring_weight_gradients_against_the_tied_embeddi
     queues their bytes behind it: the anchor bound prices both, above the window bound (8 x 100 GbE,
     3 blocks: 40.87 -> 41.58 ms) and below every plan."""
     graph = transformer_like(3)
-    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
     plan = get("caramel")(problem)
     model, tick_s = _overlap_model(problem, list(plan.order))
     assert model.anchor_bound > model.window_bound * 1.01
@@ -444,3 +444,19 @@ def test_channel_bound_never_exceeds_its_relaxation_optimum(units, call):
         patch.setattr(bounds, "CHANNEL_BOUND_PIECES", 400)
         bound = bounds.channel_bound(release, tail, cost, call)
     assert bound <= _least_channel_period(release, tail, cost, call)
+
+
+@pytest.mark.parametrize("mode", ["barrier", "overlap"])
+def test_eager_cpsat_keeps_the_engine_order_and_beats_the_exact_bucketing(mode):
+    from schedopt.orders import engine_order
+    from schedopt.solvers.bucketing import optimal_contiguous_buckets
+
+    graph = transformer_like(2)
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
+    plan = get("cpsat")(problem, time_limit_s=10)
+    assert list(plan.order) == engine_order(graph)
+    buckets, _ = optimal_contiguous_buckets(graph, engine_order(graph), problem.cluster)
+    dp = Plan.for_problem(problem, order=engine_order(graph), buckets=buckets, solver=SolverInfo(name="dp"))
+    assert plan.predicted.iteration_s <= simulate(problem, dp).iteration_s * (1 + 1e-9)
+    compiled = get("cpsat")(replace(problem, execution="compiled"), time_limit_s=10)
+    assert compiled.predicted.iteration_s <= plan.predicted.iteration_s * (1 + 1e-9)

@@ -39,7 +39,7 @@ def random_buckets(rng: random.Random, state: SteadyState) -> list[list[int]]:
 @given(graph=train_graphs(max_ops=8), world_size=st.integers(2, 64), bandwidth=st.floats(1e8, 2e10),
        seed=st.integers(0, 1000))
 def test_fast_period_equals_the_simulator(graph, world_size, bandwidth, seed):
-    problem = Problem(graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=2e-6,
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth, latency_s=2e-6,
                                                    call_s=5e-6), mode="overlap")
     rng = random.Random(seed)
     order = engine_order(graph)
@@ -52,7 +52,7 @@ def test_fast_period_equals_the_simulator(graph, world_size, bandwidth, seed):
 @pytest.mark.parametrize("network", ["10gbe", "100gbe"])
 def test_fast_period_equals_the_simulator_on_a_transformer(network):
     graph = transformer_like(4)
-    problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=16), mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset(network, world_size=16), mode="overlap")
     plan = get("caramel")(problem)
     state = SteadyState(problem, plan.order)
     rng = random.Random(0)
@@ -66,7 +66,7 @@ def test_search_holds_back_early_gradients_on_a_busy_network():
     # last) after the first layers' lets the next forward start sooner (DDP's buckets: 8.0 ms,
     # the search: 6.4 ms, lower bound 5.8 ms)
     graph = chain(8, tokens=65536)
-    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
     start = get("pytorch-ddp")(problem)
     state = SteadyState(problem, start.order)
     initial = state.ready_order_buckets([b.params for b in start.buckets])
@@ -79,7 +79,7 @@ def test_search_holds_back_early_gradients_on_a_busy_network():
 
 def test_search_result_is_a_partition_and_deterministic():
     graph = transformer_like(3)
-    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
     start = get("caramel")(problem)
     state = SteadyState(problem, start.order)
     initial = state.ready_order_buckets([b.params for b in start.buckets])
@@ -98,7 +98,7 @@ def test_cpsat_window_bound_holds_for_every_bucketing_tried(network, world_size)
     from schedopt.solvers.cpsat import HORIZON_TICKS, _OverlapModel
 
     graph = transformer_like(3)
-    problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode="overlap")
+    problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode="overlap")
     plan = get("caramel")(problem)
     tick = plan.predicted.iteration_s / HORIZON_TICKS
     forward = [o for o in plan.order if graph.ops[o].phase == "forward"]
@@ -120,7 +120,7 @@ def test_cpsat_warm_starts_are_the_same_searched_in_parallel_processes():
     ones the in-process search finds (each search ends on its evaluation count, not the clock)."""
     from schedopt.solvers.cpsat import _warm_starts
 
-    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
+    problem = Problem(execution="compiled", graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
     sequential = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=1)
     parallel = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=2)
     assert [(t, p.order, p.buckets) for t, p in sequential] == [(t, p.order, p.buckets) for t, p in parallel]

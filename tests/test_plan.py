@@ -31,7 +31,7 @@ def test_round_trip_through_a_file(tmp_path, problem):
     again = Plan.load(path)
     assert again == plan
     data = json.loads(path.read_text())
-    assert data["schema"] == "schedopt.plan/1"
+    assert data["schema"] == "schedopt.plan/2" and data["execution"] == "eager"
     assert data["model"]["fingerprint"] == problem.graph.fingerprint
     assert set(data["predicted"]) == {"iteration_s", "compute_s", "comm_s", "exposed_comm_s", "lower_bound_s"}
     assert data["buckets"][0] == {"params": list(plan.buckets[0].params), "chunks": 1}
@@ -39,11 +39,39 @@ def test_round_trip_through_a_file(tmp_path, problem):
 
 def test_unknown_schema_version_is_refused(tmp_path, plan):
     data = plan.to_json()
-    data["schema"] = "schedopt.plan/2"
+    data["schema"] = "schedopt.plan/3"
     path = tmp_path / "future.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(InvalidPlanError, match="unsupported plan schema 'schedopt.plan/2'"):
+    with pytest.raises(InvalidPlanError, match="unsupported plan schema 'schedopt.plan/3'"):
         Plan.load(path)
+
+
+def test_a_schema_1_plan_loads_as_compiled_and_saves_as_schema_2(tmp_path, problem):
+    data = get("pytorch-ddp")(problem).to_json()
+    data["schema"] = "schedopt.plan/1"
+    del data["execution"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    plan = Plan.load(old)
+    assert plan.schema == "schedopt.plan/1" and plan.execution == "compiled"  # its order was chosen freely
+    validate(plan, problem.graph)
+    plan.save(tmp_path / "new.json")
+    again = json.loads((tmp_path / "new.json").read_text())
+    assert again["schema"] == "schedopt.plan/2" and again["execution"] == "compiled"
+
+
+def test_an_eager_plan_must_keep_the_engine_order(two_ranks):
+    from schedopt.orders import engine_order
+
+    graph = diamond()
+    order = engine_order(graph)
+    k = order.index("d.grad_weight")
+    order[k - 1], order[k] = order[k], order[k - 1]  # weight gradient before input gradient: valid, not eager
+    problem = Problem(graph=graph, cluster=two_ranks)
+    plan = Plan.for_problem(problem, order=order, buckets=[list(graph.params)], solver=SolverInfo(name="hand"))
+    with pytest.raises(InvalidPlanError, match=f"eager plan must keep the autograd engine's order.*position {k - 1}"):
+        validate(plan, graph)
+    validate(replace(plan, execution="compiled"), graph)
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -24,7 +24,7 @@ def test_chain3_barrier_two_buckets(chain3, two_ranks):
     windows: w2 [3, 6] slack 3, synced 5; w1 [6, 6] slack 0, synced 9
     lower bound: T_opt + max(a, b, c) = 0.5 + max(6, 3 + C_all 4, 6 + c(w2) 2) = 8.5 ms
     """
-    problem = Problem(graph=chain3, cluster=two_ranks, mode="barrier")
+    problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="barrier")
     t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
     assert t.iteration_s == pytest.approx(9.5 * MS)
     assert t.compute_s == pytest.approx(6.5 * MS)
@@ -52,7 +52,7 @@ def test_chain3_overlap_two_buckets(chain3, two_ranks):
     The cycle: w1 ready -> 3 ms transfer -> 1/3 update -> fwd 1 -> b2 2 -> b1 3 = 9.333 ms per step.
     lower bound (overlap): max(T_fwd + T_bwd + T_opt = 6.5, C_all = 4) = 6.5 ms; exposed 2.833 ms.
     """
-    problem = Problem(graph=chain3, cluster=two_ranks, mode="overlap")
+    problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="overlap")
     t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
     assert t.iteration_s == pytest.approx((9 + 1 / 3) * MS)
     assert t.lower_bound_s == pytest.approx(6.5 * MS)
@@ -98,8 +98,8 @@ def test_overlap_hides_the_first_layer_when_its_gradient_comes_first(two_ranks):
     """
     graph = reordered_graph()
     order = ["f1", "f2", "b2i", "b1", "b2w"]
-    barrier = Problem(graph=graph, cluster=two_ranks, mode="barrier")
-    overlap = Problem(graph=graph, cluster=two_ranks, mode="overlap")
+    barrier = Problem(execution="compiled", graph=graph, cluster=two_ranks, mode="barrier")
+    overlap = Problem(execution="compiled", graph=graph, cluster=two_ranks, mode="overlap")
     assert simulate(barrier, make_plan(barrier, order, [["w1"], ["w2"]])).iteration_s == pytest.approx(9 * MS)
     t = simulate(overlap, make_plan(overlap, order, [["w1"], ["w2"]]))
     assert t.iteration_s == pytest.approx(8 * MS)
@@ -112,7 +112,7 @@ def test_chunks_start_when_their_own_gradients_are_ready(chain3, two_ranks):
     chunk0 = w2 only: ready 3, runs 3-5; chunk1 and chunk2 are w1: ready 6, run 6-8 and 8-10.
     barrier at 10, optimizer 10-10.5. One chunk instead: issue at 6, 1 ms + 3 ms -> 10 + 0.5.
     """
-    problem = Problem(graph=chain3, cluster=two_ranks, mode="barrier")
+    problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="barrier")
     order = ["fwd", "b2", "b1", "opt"]
     chunked = simulate(problem, make_plan(problem, order, [Bucket(params=("w2", "w1"), chunks=3)]))
     comm = [(e.name, e.start_s, e.end_s) for e in chunked.events if e.track == "comm"]
@@ -128,7 +128,7 @@ def test_chunks_start_when_their_own_gradients_are_ready(chain3, two_ranks):
 
 
 def test_one_rank_does_not_communicate(chain3):
-    problem = Problem(graph=chain3, cluster=Cluster(world_size=1, bandwidth_Bps=1e9, latency_s=1.0), mode="barrier")
+    problem = Problem(execution="compiled", graph=chain3, cluster=Cluster(world_size=1, bandwidth_Bps=1e9, latency_s=1.0), mode="barrier")
     t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w1", "w2"]]))
     assert t.iteration_s == pytest.approx(6.5 * MS)
     assert t.comm_s == 0 and t.exposed_comm_s == pytest.approx(0)
@@ -136,6 +136,6 @@ def test_one_rank_does_not_communicate(chain3):
 
 
 def test_simulation_is_deterministic(chain3, two_ranks):
-    problem = Problem(graph=chain3, cluster=two_ranks, mode="overlap")
+    problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="overlap")
     plan = make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]])
     assert simulate(problem, plan) == simulate(problem, plan)
