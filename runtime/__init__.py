@@ -1,6 +1,13 @@
-"""Applies plans to torch.distributed training (``wrap``, ``SCHEDOPT_PLAN``).
+"""Applies plans to torch.distributed training: ``wrap(model, plan)`` or ``SCHEDOPT_PLAN=plan.json``.
 
-Not written yet: plans can already be made, saved, inspected and simulated.
+Example:
+    >>> from schedopt.runtime import wrap            # doctest: +SKIP
+    >>> model = wrap(model)                           # doctest: +SKIP  the plan in $SCHEDOPT_PLAN
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from .agreement import check_agreement, plan_hash
+from .wrapper import PLAN_ENV, ScheduledDataParallel, wrap
+
+__all__ = ["PLAN_ENV", "ScheduledDataParallel", "check_agreement", "plan_hash", "wrap"]

@@ -17,6 +17,7 @@ from .errors import (
     SchedoptError,
     SolverError,
     UnitError,
+    UnusedParameterError,
 )
 from .graph import Op, Param, TrainGraph
 from .plan import Bucket, Plan
@@ -42,6 +43,7 @@ __all__ = [
     "Timeline",
     "TrainGraph",
     "UnitError",
+    "UnusedParameterError",
     "calibrate",
     "lower_bound",
     "simulate",

@@ -10,6 +10,7 @@ __all__ = [
     "InvalidPlanError",
     "PlanMismatchError",
     "SolverError",
+    "UnusedParameterError",
 ]
 
 
@@ -39,3 +40,7 @@ class PlanMismatchError(InvalidPlanError):
 
 class SolverError(SchedoptError):
     """A solver name is unknown, or a solver was given options it refuses."""
+
+
+class UnusedParameterError(SchedoptError, RuntimeError):
+    """A trainable parameter got no gradient in a synchronized step (the runtime cannot send it)."""

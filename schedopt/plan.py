@@ -63,12 +63,19 @@ class Bucket:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelRef:
-    """Which model a plan was made for."""
+    """Which model a plan was made for.
+
+    ``params`` lists ``(name, shape, dtype)`` of every trainable parameter in
+    ``named_parameters()`` order (what ``params_fingerprint`` hashes), so the
+    runtime can name the parameters a live model changed; None in plans
+    written before it was recorded.
+    """
 
     name: str
     fingerprint: str
     params_fingerprint: str
     num_params: int
+    params: tuple[tuple[str, tuple[int, ...], str], ...] | None = None
 
     @classmethod
     def of(cls, graph: TrainGraph) -> ModelRef:
@@ -77,6 +84,7 @@ class ModelRef:
             fingerprint=graph.fingerprint,
             params_fingerprint=graph.params_fingerprint,
             num_params=len(graph.params),
+            params=tuple((p.name, p.shape, p.dtype) for p in graph.params.values()),
         )
 
 
@@ -158,6 +166,8 @@ class Plan:
                 "fingerprint": self.model.fingerprint,
                 "params_fingerprint": self.model.params_fingerprint,
                 "num_params": self.model.num_params,
+                **({} if self.model.params is None else
+                   {"params": [[n, list(shape), dtype] for n, shape, dtype in self.model.params]}),
             },
             "cluster": self.cluster.to_json(),
             "mode": self.mode,
@@ -209,6 +219,9 @@ class Plan:
                     fingerprint=str(model["fingerprint"]),
                     params_fingerprint=str(model["params_fingerprint"]),
                     num_params=int(model["num_params"]),
+                    params=None if model.get("params") is None else tuple(
+                        (str(n), tuple(int(d) for d in shape), str(dtype)) for n, shape, dtype in model["params"]
+                    ),
                 ),
                 cluster=Cluster.from_json(data["cluster"]),
                 mode=str(data["mode"]),

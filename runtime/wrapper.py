@@ -1,0 +1,229 @@
+"""``wrap``: train like ``DistributedDataParallel``, with the plan's buckets, chunks and collective order.
+
+What one synchronized step does (``barrier`` mode):
+
+1. ``forward`` broadcasts the buffers from rank 0 (DDP's default) and arms the
+   step unless inside :meth:`ScheduledDataParallel.no_sync` or without grad.
+2. A post-accumulate-grad hook per parameter copies its ready gradient into
+   its bucket's flat buffer, scaled by 1/world size as DDP's reducer does
+   (``mul`` into the bucket view), and issues, strictly in plan order, every
+   collective whose gradients are all in: ``all_reduce(async_op=True)``,
+   summing. On CUDA the copy records an event on the current stream and the
+   collective's stream waits for the events of its slice, so the copy is
+   ordered before the collective without blocking the host.
+3. At the end of backward (an autograd engine callback): parameters that got
+   no gradient are named in an error, or, with ``find_unused_parameters``,
+   contribute zeros and, when no rank used them, keep their ``.grad``; then
+   every collective is waited for and each ``.grad`` receives its average.
+   When ``loss.backward()`` returns, every ``.grad`` holds the average, as
+   with DDP, and equals DDP's bit for bit on 2 ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from schedopt.errors import InvalidPlanError, UnusedParameterError
+from schedopt.plan import Plan
+
+from .agreement import check_agreement
+from .buckets import BucketLayout
+
+__all__ = ["ScheduledDataParallel", "wrap", "PLAN_ENV"]
+
+log = logging.getLogger("schedopt.runtime")
+
+#: The environment variable that names the plan ``wrap`` applies when given none.
+PLAN_ENV = "SCHEDOPT_PLAN"
+#: Bytes per broadcast when syncing parameters and buffers (DDP's ``broadcast_bucket_size``).
+BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+
+
+def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *, process_group: Any = None,
+         find_unused_parameters: bool = False) -> nn.Module:
+    """Return ``module`` trained data-parallel under ``plan`` (or under torch's DDP without one).
+
+    Args:
+        module: the model, on its device, identical in structure on every rank.
+        plan: a :class:`~schedopt.plan.Plan`, or the path of a plan JSON; with
+            None, the plan named by ``$SCHEDOPT_PLAN``; with neither, torch's
+            own ``DistributedDataParallel`` (said in one log line).
+        process_group: the group to synchronize over (default: the world).
+        find_unused_parameters: as DDP's: parameters that get no gradient in a
+            step are handled instead of raising :class:`UnusedParameterError`.
+
+    Raises:
+        InvalidPlanError: the plan cannot be read, is not an eager barrier
+            plan, or its buckets do not fit the model.
+        PlanMismatchError: on every rank, when the ranks hold different plans
+            or the model differs from the one planned.
+
+    Example:
+        >>> model = wrap(model, "plan.json")  # doctest: +SKIP
+        >>> loss_fn(model(x), y).backward()   # doctest: +SKIP  every .grad holds the average
+    """
+    if plan is None and os.environ.get(PLAN_ENV):
+        plan = os.environ[PLAN_ENV]
+    if plan is None:
+        log.info("schedopt: no plan (argument or $%s): training with torch DistributedDataParallel", PLAN_ENV)
+        return nn.parallel.DistributedDataParallel(module, process_group=process_group,
+                                                   find_unused_parameters=find_unused_parameters)
+    if not isinstance(plan, Plan):
+        plan = Plan.load(plan)
+    return ScheduledDataParallel(module, plan, process_group=process_group,
+                                 find_unused_parameters=find_unused_parameters)
+
+
+class ScheduledDataParallel(nn.Module):
+    """A module that synchronizes gradients as ``plan`` says (see the module docstring).
+
+    ``collective_log`` holds ``(bucket, chunk, numel)`` of every collective of
+    the last synchronized step, in the order they were issued.
+    """
+
+    def __init__(self, module: nn.Module, plan: Plan, *, process_group: Any = None,
+                 find_unused_parameters: bool = False) -> None:
+        super().__init__()
+        if plan.execution != "eager":
+            raise InvalidPlanError(
+                f"this plan has {plan.execution} execution (its op order is free), which eager PyTorch cannot "
+                "run; plan with --execution eager"
+            )
+        if plan.mode != "barrier":
+            raise InvalidPlanError(f"wrap applies barrier-mode plans; this plan is in {plan.mode} mode")
+        if not dist.is_initialized():
+            raise InvalidPlanError("wrap needs torch.distributed initialized (torchrun, init_process_group)")
+        self.module = module
+        self.plan = plan
+        self.process_group = process_group
+        self.find_unused_parameters = find_unused_parameters
+        self.require_backward_grad_sync = True
+        self.world_size = dist.get_world_size(process_group)
+        self.collective_log: list[tuple[int, int, int]] = []
+        from schedopt.importers.pytorch import trainable_parameters
+
+        check_agreement(plan, module, process_group)
+        self._params = trainable_parameters(module)
+        self._buffers_to_sync = [b.detach() for b in module.buffers()]
+        self._sync_states([p.detach() for p in module.parameters()] + self._buffers_to_sync)
+        self.layout = BucketLayout(plan, self._params)
+        self._scale = 1.0 / self.world_size
+        self._cuda = any(p.is_cuda for p in self._params.values())
+        self._armed = False
+        self._reset_step()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(name))
+                       for name, p in self._params.items()]
+
+    # ------------------------------------------------------------ user API
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._buffers_to_sync and self.world_size > 1:
+            self._sync_states(self._buffers_to_sync)
+        self._armed = torch.is_grad_enabled() and self.require_backward_grad_sync
+        self._reset_step()
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally in the forward/backward passes inside (as DDP's ``no_sync``)."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    # ------------------------------------------------------------ one step
+
+    def _sync_states(self, tensors: list[torch.Tensor]) -> None:
+        if tensors:
+            dist._broadcast_coalesced(self.process_group or dist.group.WORLD, tensors, BROADCAST_BUCKET_BYTES, 0)
+
+    def _reset_step(self) -> None:
+        self._ready: set[str] = set()
+        self._remaining = [len(c.params) for c in self.layout.collectives]
+        self._next = 0
+        self._works: list[Any] = []
+        self._events: dict[str, Any] = {}
+        self._finalizer_queued = False
+
+    def _make_hook(self, name: str):
+        def hook(param: torch.Tensor) -> None:
+            if self._armed:
+                self._gradient_ready(name, param.grad)
+        return hook
+
+    def _gradient_ready(self, name: str, grad: torch.Tensor | None) -> None:
+        # step 2: copy (scaled) into the bucket, then issue what became issuable
+        if not self._finalizer_queued:
+            self._finalizer_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if name in self._ready:
+            raise RuntimeError(f"the gradient of {name} became ready twice in one synchronized backward")
+        view = self.layout.views[name]
+        if grad is None:
+            view.zero_()
+        else:
+            if grad.is_sparse:
+                raise InvalidPlanError(f"{name} has a sparse gradient; schedopt buckets hold dense gradients")
+            torch.mul(grad, self._scale, out=view)
+        if self._cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self._events[name] = event
+        self._ready.add(name)
+        for c in self.layout.gates[name]:
+            self._remaining[c] -= 1
+        self._issue_ready()
+
+    def _issue_ready(self) -> None:
+        collectives = self.layout.collectives
+        while self._next < len(collectives) and self._remaining[self._next] == 0:
+            c = self._next
+            if self._cuda:
+                stream = torch.cuda.current_stream()
+                for name in collectives[c].params:
+                    stream.wait_event(self._events[name])
+            self._works.append(dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True))
+            self.collective_log.append((collectives[c].bucket, collectives[c].chunk, collectives[c].numel))
+            self._next += 1
+            if c == 0:
+                del self.collective_log[:-1]  # keep the log of this step only
+
+    def _finish_backward(self) -> None:
+        # step 3: unused parameters, wait, write the averages back
+        self._armed = False
+        missing = [name for name in self._params if name not in self._ready]
+        if missing and not self.find_unused_parameters:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise UnusedParameterError(
+                f"parameter(s) {', '.join(missing[:5])}{more} got no gradient in this step; pass "
+                "find_unused_parameters=True to wrap, or freeze them with requires_grad_(False)"
+            )
+        globally_used = None
+        if self.find_unused_parameters:
+            for name in missing:  # zeros in their slices, so the collectives can go
+                self._gradient_ready(name, None)
+            used = torch.tensor([name in self._ready and name not in missing for name in self._params],
+                                dtype=torch.int32, device=next(iter(self._params.values())).device)
+            dist.all_reduce(used, group=self.process_group)
+            globally_used = dict(zip(self._params, used.tolist()))
+        assert self._next == len(self.layout.collectives), "every collective is issued once all gradients are in"
+        for work in self._works:
+            work.wait()
+        for name, param in self._params.items():
+            if globally_used is not None and not globally_used[name]:
+                continue  # nobody used it: DDP leaves its .grad alone
+            view = self.layout.views[name]
+            if param.grad is None:
+                param.grad = view.clone()
+            else:
+                param.grad.copy_(view)
+        self._works = []
