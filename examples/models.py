@@ -12,7 +12,12 @@ factory            parameters   layout
 ``inception``      23,834,568   Inception-v3 without the auxiliary head
 ``gpt2_small``     124,439,808  GPT-2 124M, output head tied to ``wte``
 ``bert_base``      109,514,298  BERT-base with the masked-LM head (tied decoder)
+``resnet18``       11,173,962   ResNet-18 for CIFAR (3x3 stem, no max-pool), 32x32 input
+``gpt_tied``       5,322,240    GPT-2-style, 4 layers, d=256, vocabulary 8,192, tied head
 =================  ===========  ==========================================
+
+``resnet18`` and ``gpt_tied`` are sized for the two-rank CPU testbed
+(``bench/testbed.py``): a step takes about a second on one thread.
 
 The ``tiny_*`` factories keep the same structure at toy sizes for tests.
 """
@@ -27,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "resnet50", "vgg16", "inception", "gpt2_small", "bert_base",
+    "resnet50", "vgg16", "inception", "gpt2_small", "bert_base", "resnet18", "gpt_tied",
     "tiny_cnn", "tiny_resnet", "tiny_vgg", "tiny_inception", "tiny_gpt", "tiny_bert", "tiny_branches",
     "FACTORIES",
 ]
@@ -106,6 +111,53 @@ def resnet50(batch_size: int = 32):
 def tiny_resnet(batch_size: int = 2):
     """A ResNet with one bottleneck per stage, width 8, 32x32 images."""
     return _classification(ResNet((1, 1, 1, 1), width=8, num_classes=10), torch.randn(batch_size, 3, 32, 32), 10)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, inplanes: int, planes: int, stride: int = 1) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or inplanes != planes:
+            self.downsample = nn.Sequential(nn.Conv2d(inplanes, planes, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(planes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class CifarResNet18(nn.Module):
+    """ResNet-18 for 32x32 images: a 3x3 stem without max-pool, four stages of two basic blocks."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU(inplace=True)
+        stages, inplanes = [], 64
+        for i, planes in enumerate((64, 128, 256, 512)):
+            stride = 1 if i == 0 else 2
+            stages.append(nn.Sequential(BasicBlock(inplanes, planes, stride), BasicBlock(planes, planes)))
+            inplanes = planes
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18(batch_size: int = 16):
+    """ResNet-18 on CIFAR-size (32x32) images, 10 classes, cross-entropy loss."""
+    return _classification(CifarResNet18(), torch.randn(batch_size, 3, 32, 32), 10)
 
 
 # ----------------------------------------------------------------------------- VGG
@@ -384,6 +436,12 @@ def gpt2_small(batch_size: int = 8, seq_len: int = 1024):
     """GPT-2 124M: 12 layers, 768 wide, 12 heads, 50257 tokens, context 1024."""
     model = GPT(vocab=50257, max_len=1024, hidden=768, num_layers=12, num_heads=12)
     return _language_model(model, torch.randint(0, 50257, (batch_size, seq_len)), 50257)
+
+
+def gpt_tied(batch_size: int = 8, seq_len: int = 128):
+    """A GPT-2-style model for the testbed: 4 layers, 256 wide, 4 heads, 8,192 tokens, tied head."""
+    model = GPT(vocab=8192, max_len=256, hidden=256, num_layers=4, num_heads=4)
+    return _language_model(model, torch.randint(0, 8192, (batch_size, seq_len)), 8192)
 
 
 def tiny_gpt(batch_size: int = 2, seq_len: int = 16):

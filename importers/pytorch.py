@@ -94,7 +94,7 @@ def from_torch(
         graph = _module_graph(model, inputs, loss_fn, spec, optimizer, name)
     else:
         raise GraphImportError(f"unknown import level {level!r}; valid: aten, module")
-    return _with_grad_order(graph, record_grad_order(model, inputs, loss_fn, name=name))
+    return graph.with_grad_order(record_grad_order(model, inputs, loss_fn, name=name))
 
 
 def record_grad_order(model: Any, example_inputs: tuple, loss_fn: Callable[..., Any], *, name: str) -> list[str]:
@@ -134,11 +134,6 @@ def record_grad_order(model: Any, example_inputs: tuple, loss_fn: Callable[..., 
     if unused:
         raise GraphImportError(f"{name}: parameters get no gradient: {', '.join(unused[:5])}")
     return fired
-
-
-def _with_grad_order(graph: TrainGraph, grad_order: list[str]) -> TrainGraph:
-    return TrainGraph(name=graph.name, ops=graph.ops.values(), edges=graph.dag.edges,
-                      params=graph.params.values(), meta=graph.meta, grad_order=grad_order, check=False)
 
 
 # ------------------------------------------------------------------ aten level

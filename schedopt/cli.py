@@ -19,7 +19,7 @@ from .io import write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_kind
 from .plan import Plan
 from .problem import EXECUTIONS, MODES, Problem
-from .units import format_duration, format_size, parse_bandwidth, parse_duration
+from .units import format_duration, format_size, parse_bandwidth, parse_duration, parse_size
 
 __all__ = ["main"]
 
@@ -247,6 +247,50 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_writable(path: str) -> None:
+    """Refuse, before any work, an output path that cannot be written."""
+    import os
+
+    target = Path(path)
+    if not path or target.is_dir():
+        raise SchedoptError(f"output {path!r} is not a file path")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise SchedoptError(f"cannot write {path!r}: {str(parent)!r} is not a writable directory")
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import os
+
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        raise SchedoptError("calibrate measures the real process group: run it under torchrun "
+                            "(torchrun --nproc-per-node 2 -m schedopt calibrate -o cluster.json)")
+    _check_writable(args.output)
+    import torch
+    import torch.distributed as dist
+
+    from .runtime.calibrate import calibrate_process_group
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    try:
+        result = calibrate_process_group(min_bytes=parse_size(args.min_size), max_bytes=parse_size(args.max_size),
+                                         time_limit_s=args.time_limit, algorithm=args.algorithm)
+        if dist.get_rank() == 0:
+            result.cluster.save(args.output, calibration=result.to_json())
+            for m in result.measurements:
+                print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
+                      f"(model {format_duration(result.cluster.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
+            q = result.quality
+            print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
+                  f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)} -> {args.output}")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     graph = _graph(args) if args.model else None
@@ -415,6 +459,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gantt", help="write a Gantt chart PNG")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(run=_cmd_simulate)
+
+    p = sub.add_parser("calibrate", help="(under torchrun) measure all-reduce times, fit alpha and beta")
+    p.add_argument("-o", "--output", default="cluster.json", help="where rank 0 writes the cluster JSON")
+    p.add_argument("--min-size", default="4KiB", help="smallest all-reduce (default 4KiB)")
+    p.add_argument("--max-size", default="256MiB", help="largest all-reduce (default 256MiB)")
+    p.add_argument("--time-limit", type=_duration, default=60.0,
+                   help="stop growing the size when the next one would pass this (default 60s)")
+    p.add_argument("--algorithm", choices=["ring", "tree"], default="ring", help="the model to fit")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl with CUDA, else gloo")
+    p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("inspect", help="show what a plan holds")
     p.add_argument("plan", help="plan JSON")

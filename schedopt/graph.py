@@ -333,6 +333,11 @@ class TrainGraph:
             grad_order=self.grad_order,
         )
 
+    def with_grad_order(self, grad_order: Sequence[str]) -> TrainGraph:
+        """Return a copy that records the real gradient-ready order (see ``grad_order`` in the class docs)."""
+        return TrainGraph(name=self.name, ops=self.ops.values(), edges=self.dag.edges, params=self.params.values(),
+                          meta=self.meta, grad_order=grad_order, check=False)
+
     # ------------------------------------------------------------------ JSON
 
     def to_json(self) -> dict[str, Any]:

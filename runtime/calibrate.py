@@ -1,0 +1,127 @@
+"""Measure all-reduce times on the real process group and fit the cluster's alpha-beta model.
+
+Steps:
+
+1. Sizes from ``min_bytes`` to ``max_bytes`` by factors of 4 (4 KiB to 256 MiB
+   by default), float32 buffers on the backend's device (CUDA for NCCL).
+2. Per size: one warm-up all-reduce, then repeats (at least 3, more while the
+   size is cheap), each between barriers, timed to completion
+   (``torch.cuda.synchronize`` on CUDA). Rank 0 decides whether the next size
+   still fits the time limit (predicted from the last size's time, times 4)
+   and broadcasts the decision, so every rank runs the same collectives.
+3. Each size's time is the slowest rank's median. :func:`schedopt.cluster.calibrate`
+   fits alpha and beta; :func:`schedopt.cluster.fit_quality` says how well.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from schedopt.cluster import Cluster, FitQuality, calibrate, fit_quality
+from schedopt.errors import SchedoptError
+
+__all__ = ["Measurement", "Calibration", "measure_allreduce", "calibrate_process_group"]
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """The median time of ``num_repeats`` all-reduces of ``nbytes`` bytes (slowest rank)."""
+
+    nbytes: int
+    median_s: float
+    num_repeats: int
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A fitted cluster, the fit's quality and the sweep it came from."""
+
+    cluster: Cluster
+    quality: FitQuality
+    measurements: tuple[Measurement, ...]
+    backend: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backend": self.backend, **asdict(self.quality),
+                "measurements": [asdict(m) for m in self.measurements]}
+
+
+def _device(process_group: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend(process_group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, time_limit_s: float = 60.0,
+                      process_group: Any = None, min_repeats: int = 3, max_repeats: int = 20) -> list[Measurement]:
+    """Time all-reduces of growing sizes on ``process_group`` (steps 1-2 of the module docstring)."""
+    import torch
+    import torch.distributed as dist
+
+    if min_bytes < 4 or max_bytes < min_bytes:
+        raise SchedoptError(f"calibrate needs 4 <= min size <= max size, got {min_bytes} and {max_bytes}")
+    device = _device(process_group)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sizes = []
+    size = min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 4
+    started = time.perf_counter()
+    results: list[tuple[int, float, int]] = []
+    last_s = 0.0
+    for nbytes in sizes:
+        # rank 0 decides for everyone whether this size still fits the limit
+        elapsed = time.perf_counter() - started
+        go = torch.tensor([int(not results or elapsed + 4 * last_s * (min_repeats + 1) <= time_limit_s)],
+                          device=device)
+        dist.broadcast(go, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group)
+        if not go.item():
+            break
+        buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        samples: list[float] = []
+        for k in range(1 + max_repeats):
+            dist.barrier(group=process_group)
+            sync()
+            t0 = time.perf_counter()
+            dist.all_reduce(buffer, group=process_group)
+            sync()
+            if k > 0:
+                samples.append(time.perf_counter() - t0)
+            # the same stop rule on every rank: counts only, never times (ranks' times differ)
+            if k >= min_repeats and (nbytes >= (4 << 20) or k >= max_repeats):
+                break
+        last_s = statistics.median(samples)
+        results.append((nbytes, last_s, len(samples)))
+    medians = torch.tensor([m for _, m, _ in results], dtype=torch.float64, device=device)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=process_group)
+    return [Measurement(nbytes=n, median_s=float(t), num_repeats=r)
+            for (n, _, r), t in zip(results, medians.tolist())]
+
+
+def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", **sweep: Any) -> Calibration:
+    """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``.
+
+    Raises:
+        SchedoptError: one rank, or fewer than two sizes measured within the time limit.
+    """
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size(process_group)
+    if world_size < 2:
+        raise SchedoptError("calibrate needs at least 2 ranks (one rank does not communicate)")
+    measurements = measure_allreduce(process_group=process_group, **sweep)
+    if len(measurements) < 2:
+        raise SchedoptError("calibrate measured fewer than two sizes within its time limit; give it more time")
+    sizes = [m.nbytes for m in measurements]
+    times = [m.median_s for m in measurements]
+    cluster = calibrate(sizes, times, world_size=world_size, algorithm=algorithm,  # type: ignore[arg-type]
+                        name=f"calibrated-{dist.get_backend(process_group)}")
+    return Calibration(cluster=cluster, quality=fit_quality(cluster, sizes, times),
+                       measurements=tuple(measurements), backend=str(dist.get_backend(process_group)))
