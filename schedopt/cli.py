@@ -68,7 +68,7 @@ def _graph(args: argparse.Namespace, spec: str | None = None):
 
 def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     group = parser.add_argument_group("cluster")
-    group.add_argument("--world-size", type=_positive_int, default=8 if defaults else None,
+    group.add_argument("--world-size", type=_positive_int, default=None,
                        help="number of data-parallel ranks" + (" (default 8)" if defaults else ""))
     group.add_argument("--network", choices=sorted(PRESETS), default=None,
                        help="network preset" + (" (default 10gbe)" if defaults else ""))
@@ -85,7 +85,7 @@ def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
         if args.network is not None:
             raise SchedoptError("give --cluster or --network, not both")
         base = Cluster.load(args.cluster)
-    elif base is None or args.network is not None:
+    elif base is None or args.network is not None:  # a preset; 8 ranks unless told otherwise
         base = Cluster.preset(args.network or "10gbe", world_size=args.world_size or (base.world_size if base else 8))
     overrides: dict[str, Any] = {}
     if args.world_size is not None:
@@ -287,6 +287,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
                   f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)} -> {args.output}")
     finally:
+        dist.barrier()  # gloo can abort when one rank tears the group down while another still uses it
         dist.destroy_process_group()
     return 0
 

@@ -1,0 +1,291 @@
+"""Two ranks in their own network namespaces over a rate-capped veth pair: measured steps beside predictions.
+
+What it does (as root; everything it creates is removed however it exits):
+
+1. Two network namespaces joined by a veth pair (198.18.0.1/30 and
+   198.18.0.2/30, addresses of a range reserved for benchmarks), each end
+   capped with ``tc qdisc ... tbf`` at ``--rate`` (netem is not available
+   here, so the cap is bandwidth only). One compute thread per rank, gloo
+   over the veth (``GLOO_SOCKET_IFNAME``), launched with plain torchrun
+   (``--nnodes 2``), one node per namespace.
+2. ``schedopt calibrate`` on that link: the cluster JSON.
+3. ``schedopt profile`` of the model on this CPU, both ranks' processes
+   profiling at once (as they compute at once when training).
+4. ``schedopt compare --execution eager`` with every solver for the
+   calibrated cluster: the plans and their predictions.
+5. For each of ``--rounds`` rounds, each mode once (``ddp``: torch DDP;
+   ``barrier``: the best predicted plan, by ``SCHEDOPT_PLAN``), each run
+   ``--steps`` measured steps after warm-up (``examples/train.py``). A step's
+   time is the slower rank's. Medians over every measured step, and the
+   median over rounds of DDP's round median over the mode's (the speedup).
+
+Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
+``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
+``predicted_s``, ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
+simulator's, for that plan), and the calibration.
+
+    sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 400mbit --json tb.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "train.py"
+ADDRESSES = ("198.18.0.1", "198.18.0.2")
+MODES = ("ddp", "barrier")
+
+
+class TestbedError(Exception):
+    """The testbed cannot run (not root, a command failed, a launch timed out)."""
+
+
+# ----------------------------------------------------------------------------- network
+
+
+class Link:
+    """Two namespaces and a capped veth pair between them; :meth:`close` removes them (idempotent)."""
+
+    def __init__(self, rate: str) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.ns = (f"sotb{tag}a", f"sotb{tag}b")
+        self.dev = (f"sotb{tag}x", f"sotb{tag}y")
+        self.rate = rate
+        self._open = False
+
+    def open(self) -> None:
+        self._open = True
+        for ns in self.ns:
+            _run(["ip", "netns", "add", ns])
+        _run(["ip", "link", "add", self.dev[0], "netns", self.ns[0], "type", "veth",
+              "peer", "name", self.dev[1], "netns", self.ns[1]])
+        burst = max(int(_rate_Bps(self.rate) / 100), 64 * 1024)  # 10 ms of traffic, at least a GSO segment
+        for ns, dev, address in zip(self.ns, self.dev, ADDRESSES):
+            _run(["ip", "-n", ns, "addr", "add", f"{address}/30", "dev", dev])
+            _run(["ip", "-n", ns, "link", "set", dev, "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            if self.rate != "none":
+                _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                      "rate", self.rate, "burst", str(burst), "latency", "200ms"])
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        for ns in self.ns:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+def _rate_Bps(rate: str) -> float:
+    from schedopt.units import parse_bandwidth
+
+    return parse_bandwidth(rate.replace("mbit", "Mbps").replace("gbit", "Gbps").replace("kbit", "kbps"))
+
+
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise TestbedError(f"{' '.join(cmd)} failed: {done.stderr.strip()}")
+
+
+# ----------------------------------------------------------------------------- launches
+
+
+def launch(link: Link, argv: list[str], *, env: dict[str, str], timeout_s: float, log: Path) -> None:
+    """Run ``torchrun --nnodes 2 ... argv`` with one node in each namespace; raise when either fails."""
+    port = str(29500 + os.getpid() % 1000)
+    procs = []
+    handles = []
+    for node, (ns, dev) in enumerate(zip(link.ns, link.dev)):
+        cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+               "--nproc-per-node", "1", "--node-rank", str(node), "--master-addr", ADDRESSES[0],
+               "--master-port", port, *argv]
+        handle = open(log.with_suffix(f".node{node}.log"), "w")
+        handles.append(handle)
+        procs.append(subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
+                                      env={**os.environ, **env, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1"},
+                                      start_new_session=True))
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"{' '.join(argv[:3])} ran past {timeout_s:.0f} s (see {log.parent})") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for handle in handles:
+            handle.close()
+    failed = [node for node, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        tail = log.with_suffix(f".node{failed[0]}.log").read_text().strip().splitlines()[-3:]
+        raise TestbedError(f"{' '.join(argv[:3])} failed on node {failed[0]}: {' | '.join(tail)}")
+
+
+def schedopt_cli(*args: str, timeout_s: float, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([sys.executable, "-m", "schedopt", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout_s, env={**os.environ, **(env or {})}, check=False)
+    if done.returncode != 0:
+        raise TestbedError(f"schedopt {args[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return done.stdout
+
+
+def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float) -> None:
+    """Profile on both cores at once, one thread each (as the two ranks compute)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "schedopt", "profile", model, "-o", str(out.with_suffix(f".{k}.json")),
+                               "--iterations", "5", *batch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for k in range(2)]
+    try:
+        outputs = [p.communicate(timeout=timeout_s) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+        raise TestbedError(f"profiling ran past {timeout_s:.0f} s") from None
+    for p, (stdout, stderr) in zip(procs, outputs):
+        if p.returncode != 0:
+            raise TestbedError(f"schedopt profile failed: {stderr.strip().splitlines()[-1:]}")
+    print(outputs[0][0].strip().splitlines()[-1])
+    shutil.copy(out.with_suffix(".0.json"), out)
+
+
+# ----------------------------------------------------------------------------- the bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="examples/models.py:resnet18", help="path/to/file.py:factory")
+    parser.add_argument("--rate", default="400mbit", help="tbf rate on each veth end (tc units), or none")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="steps before measuring, per run (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every mode (default 2)")
+    parser.add_argument("--modes", default="ddp,barrier", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--solve-time", type=float, default=30.0, help="cpsat's time limit in seconds")
+    parser.add_argument("--time-limit", type=float, default=1800.0, help="the whole bench, in seconds")
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--keep", help="keep the work files (graph, cluster, plans, logs) in this directory")
+    args = parser.parse_args(argv)
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or "ddp" not in modes:
+        print(f"testbed: --modes takes ddp and any of {', '.join(MODES[1:])}, got {args.modes!r}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("testbed: needs root (it creates network namespaces and tc qdiscs); run it with sudo", file=sys.stderr)
+        return 2
+    link = Link(args.rate)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="schedopt-testbed-"))
+    work.mkdir(parents=True, exist_ok=True)
+    atexit.register(link.close)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    try:
+        rows = run(args, link, modes, work, deadline=started + args.time_limit)
+    except TestbedError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("testbed: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        link.close()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"testbed: {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> list[dict]:
+    from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
+
+    def left() -> float:
+        if (rest := deadline - time.monotonic()) <= 0:
+            raise TestbedError(f"the bench ran past its time limit ({args.time_limit:.0f} s)")
+        return rest
+
+    batch = ["--batch-size", str(args.batch_size)] if args.batch_size else []
+    link.open()
+    # 2. calibrate the link
+    cluster_file = work / "cluster.json"
+    launch(link, ["-m", "schedopt", "calibrate", "-o", str(cluster_file), "--time-limit", "60s"],
+           env={}, timeout_s=min(240, left()), log=work / "calibrate")
+    cluster = Cluster.load(cluster_file)
+    fit = json.loads(cluster_file.read_text())["calibration"]
+    print(f"calibrated: {cluster.describe()} (R^2 {fit['r2']:.4f}, worst residual {fit['worst_residual']:.1%})")
+    # 3. profile
+    graph_file = work / "graph.json"
+    profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
+    graph = TrainGraph.load(graph_file)
+    # 4. plan with every solver
+    plans_dir = work / "plans"
+    rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
+                             "--execution", "eager", "--time-limit", f"{args.solve_time}s", "--format", "json",
+                             "--out", str(plans_dir), timeout_s=min(args.solve_time * 3 + 120, left()))
+    compared = json.loads(rows_json)
+    best = min(compared, key=lambda r: r["iteration_s"])
+    print("planned: " + ", ".join(f"{r['solver']} {r['iteration_s'] * 1e3:.0f} ms" for r in compared)
+          + f"; best {best['solver']}")
+    plan_of = {"ddp": plans_dir / "pytorch-ddp.plan.json", "barrier": plans_dir / f"{best['solver']}.plan.json"}
+    # 5. interleaved runs
+    steps: dict[str, list[list[float]]] = {m: [] for m in modes}
+    for round_ in range(args.rounds):
+        for mode in (modes if round_ % 2 == 0 else modes[::-1]):
+            out = work / f"{mode}.{round_}.json"
+            env = {} if mode == "ddp" else {"SCHEDOPT_PLAN": str(plan_of[mode])}
+            extra = ["--ddp"] if mode == "ddp" else []
+            launch(link, [str(TRAIN), args.model, *extra, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                          "--threads", "1", "--quiet", "--json", str(out), *batch],
+                   env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
+            steps[mode].append(json.loads(out.read_text())["step_s"])
+            print(f"  round {round_} {mode:8s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
+    # 6. rows
+    rows = []
+    for mode in modes:
+        plan = Plan.load(plan_of[mode])
+        timeline = simulate(Problem(graph=graph, cluster=cluster, mode="barrier"), plan)
+        flat = [t for run_ in steps[mode] for t in run_]
+        ratios = [statistics.median(d) / statistics.median(m) for d, m in zip(steps["ddp"], steps[mode])]
+        rows.append({
+            "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
+            "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
+            "measured_max_s": max(flat), "num_steps": len(flat),
+            "predicted_s": timeline.iteration_s, "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
+            "speedup_vs_ddp": statistics.median(ratios),
+            "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
+            "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
+        })
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    head = f"{'mode':8s} {'solver':14s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'predicted':>10s} " \
+           f"{'error':>7s} {'compute':>8s} {'comm':>8s} {'speedup':>8s}"
+    print(head)
+    for r in rows:
+        print(f"{r['mode']:8s} {r['solver']:14s} {r['measured_median_s'] * 1e3:10.1f} {r['measured_min_s'] * 1e3:8.1f} "
+              f"{r['measured_max_s'] * 1e3:8.1f} {r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
+              f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['speedup_vs_ddp']:8.3f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
