@@ -28,12 +28,22 @@ demo: setup
 	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver pytorch-ddp --network 10gbe --world-size 8 -o $(OUT)/plan.json
 	$(VENV)/bin/schedopt simulate $(OUT)/plan.json $(OUT)/graph.json --trace $(OUT)/trace.json --gantt $(OUT)/gantt.png
 	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 10gbe --world-size 8 --time-limit 30
+	# the plan applied: two gloo ranks on localhost train gpt_tied, with DDP and with the plan
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt calibrate --max-size 16MiB --time-limit 15s -o $(OUT)/cluster.json
+	OMP_NUM_THREADS=1 $(VENV)/bin/schedopt profile examples/models.py:gpt_tied --iterations 3 -o $(OUT)/train_graph.json
+	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --solver pytorch-ddp --cluster $(OUT)/cluster.json -o $(OUT)/ddp_plan.json
+	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --solver cpsat --time-limit 10 --cluster $(OUT)/cluster.json -o $(OUT)/train_plan.json
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --ddp --threads 1 --steps 8 --quiet --json $(OUT)/ddp_run.json
+	SCHEDOPT_PLAN=$(OUT)/train_plan.json $(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --threads 1 --steps 8 --quiet --json $(OUT)/schedopt_run.json
+	$(PY) examples/demo_summary.py $(OUT)/train_graph.json $(OUT)/cluster.json $(OUT)/ddp_plan.json:$(OUT)/ddp_run.json $(OUT)/train_plan.json:$(OUT)/schedopt_run.json
 
 bench: setup
 	$(PY) bench/import_speed.py
 	$(PY) bench/heuristics.py
 	$(PY) bench/solver_quality.py
 	$(PY) bench/solver_scale.py
+	$(PY) bench/runtime_overhead.py
+	# bench/testbed.py needs root (network namespaces): sudo $(PY) bench/testbed.py --model examples/models.py:resnet18
 
 clean:
 	rm -rf $(OUT) .pytest_cache .hypothesis build *.egg-info

@@ -38,6 +38,8 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--mode", default="barrier", choices=["barrier", "overlap"])
     parser.add_argument("--device", default="a100")
+    parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],
+                        help="compiled (default: the solvers' reordering counts) or eager (engine order fixed)")
     parser.add_argument("--time-limit", type=float, default=None)
     args = parser.parse_args()
     solvers = [s for s in SOLVERS if s != "cpsat"] if args.time_limit is None else list(SOLVERS)
@@ -45,7 +47,7 @@ def main() -> int:
     for name in args.models.split(","):
         graph = cached_graph(name, args.device)
         problem = Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=args.world_size),
-                          mode=args.mode)
+                          mode=args.mode, execution=args.execution)
         rows = compare(problem, solvers, time_limit_s=args.time_limit)
         print(f"\n{name}: {len(graph.ops)} ops, {len(graph.params)} params; {problem.cluster.describe()}; {args.mode}")
         print(format_table(rows, ("solver", "iteration_s", "speedup_vs_ddp", "gap_to_lower_bound", "lower_bound_s",

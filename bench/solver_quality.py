@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--modes", default="barrier,overlap")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],
+                        help="compiled (default: the solvers' reordering counts) or eager (engine order fixed)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     heuristics = [s for s in SOLVERS if s != "cpsat"]
@@ -44,7 +46,8 @@ def main() -> int:
         for n in map(int, args.world_sizes.split(",")):
             for net in args.networks.split(","):
                 for mode in args.modes.split(","):
-                    problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode=mode)
+                    problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode=mode,
+                                      execution=args.execution)
                     times = {h: get(h)(problem).predicted.iteration_s for h in heuristics}
                     plan = get("cpsat")(problem, time_limit_s=args.time_limit, num_workers=args.workers)
                     t = plan.predicted.iteration_s

@@ -29,7 +29,8 @@ CASES = ["transformer_like:12", "transformer_like:48", "transformer_like:96", "r
          "gpt2_small", "bert_base"]
 
 
-def run_case(case: str, network: str, world_size: int, mode: str, time_limit: float) -> dict:
+def run_case(case: str, network: str, world_size: int, mode: str, time_limit: float,
+             execution: str = "compiled") -> dict:
     from schedopt import Cluster, Problem
     from schedopt.solvers import get
     from schedopt.synthetic import transformer_like
@@ -41,7 +42,8 @@ def run_case(case: str, network: str, world_size: int, mode: str, time_limit: fl
         graph = transformer_like(int(case.split(":")[1]), granularity="aten")
     else:
         graph = cached_graph(case, "a100")
-    problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode=mode)
+    problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode=mode,
+                      execution=execution)
     plan = get("cpsat")(problem, time_limit_s=time_limit)
     o = plan.solver.options
     return {
@@ -62,10 +64,12 @@ def main() -> int:
     parser.add_argument("--world-size", type=int, default=8)
     parser.add_argument("--mode", default="barrier")
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],
+                        help="compiled (default: the solvers' reordering counts) or eager (engine order fixed)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_case(args.one, args.network, args.world_size, args.mode, args.time_limit)))
+        print(json.dumps(run_case(args.one, args.network, args.world_size, args.mode, args.time_limit, args.execution)))
         return 0
     print(f"{args.network}, {args.world_size} ranks, {args.mode}, time limit {args.time_limit:g} s")
     print(f"{'case':<22} {'ops':>6} {'coarse':>6} {'vars':>7} {'warm s':>6} {'model s':>7} {'first s':>8} "
@@ -73,6 +77,7 @@ def main() -> int:
     for case in args.cases.split(","):
         proc = subprocess.run([sys.executable, __file__, "--one", case, "--network", args.network,
                                "--world-size", str(args.world_size), "--mode", args.mode,
+                               "--execution", args.execution,
                                "--time-limit", str(args.time_limit)],
                               capture_output=True, text=True, timeout=args.time_limit * 4 + 600)
         if proc.returncode != 0:

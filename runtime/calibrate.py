@@ -11,19 +11,23 @@ Steps:
    and broadcasts the decision, so every rank runs the same collectives.
 3. Each size's time is the slowest rank's median. :func:`schedopt.cluster.calibrate`
    fits alpha and beta; :func:`schedopt.cluster.fit_quality` says how well.
+4. Interference (:func:`measure_interference`): how much slower compute runs
+   while a collective is in flight. On CUDA, NCCL has its own hardware and
+   it is 0; with gloo on CPU the collective's threads share the cores with
+   the model.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from schedopt.cluster import Cluster, FitQuality, calibrate, fit_quality
 from schedopt.errors import SchedoptError
 
-__all__ = ["Measurement", "Calibration", "measure_allreduce", "calibrate_process_group"]
+__all__ = ["Measurement", "Calibration", "measure_allreduce", "measure_interference", "calibrate_process_group"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +47,12 @@ class Calibration:
     quality: FitQuality
     measurements: tuple[Measurement, ...]
     backend: str
+    interference_samples: tuple[float, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, **asdict(self.quality),
-                "measurements": [asdict(m) for m in self.measurements]}
+                "measurements": [asdict(m) for m in self.measurements],
+                "interference_samples": list(self.interference_samples)}
 
 
 def _device(process_group: Any) -> Any:
@@ -105,6 +111,49 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
             for (n, _, r), t in zip(results, medians.tolist())]
 
 
+def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 3,
+                         collective_s: float = 0.5) -> list[float]:
+    """Return samples of how much slower a compute loop runs while an all-reduce is in flight.
+
+    Steps:
+        1. The compute unit is a 192 x 192 matmul on one thread's worth of work,
+           as the model's ops are (the rank's own threads).
+        2. Its rate alone: units per second over about 0.3 s.
+        3. Its rate during an async all-reduce sized (from ``cluster``) to last
+           ``collective_s``: units done until the collective completes.
+        4. A sample is ``rate alone / rate during - 1``, the slowest rank's.
+    """
+    import torch
+    import torch.distributed as dist
+
+    device = _device(process_group)
+    if device.type == "cuda":
+        return [0.0]  # NCCL runs on the GPU's copy engines and SMs of its own stream: not the host's cores
+    a = torch.randn(192, 192)
+    numel = max(int((collective_s - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1)
+    buffer = torch.ones(numel, dtype=torch.float32)
+    samples = []
+    for _ in range(num_samples):
+        dist.barrier(group=process_group)
+        units, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:
+            a @ a
+            units += 1
+        alone = units / (time.perf_counter() - t0)
+        dist.barrier(group=process_group)
+        work = dist.all_reduce(buffer, group=process_group, async_op=True)
+        units, t0 = 0, time.perf_counter()
+        while not work.is_completed():
+            a @ a
+            units += 1
+        during = units / (time.perf_counter() - t0)
+        work.wait()
+        sample = torch.tensor([max(alone / max(during, 1e-9) - 1.0, 0.0)], dtype=torch.float64)
+        dist.all_reduce(sample, op=dist.ReduceOp.MAX, group=process_group)
+        samples.append(float(sample.item()))
+    return samples
+
+
 def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", **sweep: Any) -> Calibration:
     """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``.
 
@@ -123,5 +172,8 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     times = [m.median_s for m in measurements]
     cluster = calibrate(sizes, times, world_size=world_size, algorithm=algorithm,  # type: ignore[arg-type]
                         name=f"calibrated-{dist.get_backend(process_group)}")
-    return Calibration(cluster=cluster, quality=fit_quality(cluster, sizes, times),
-                       measurements=tuple(measurements), backend=str(dist.get_backend(process_group)))
+    quality = fit_quality(cluster, sizes, times)
+    interference = measure_interference(cluster, process_group=process_group)
+    cluster = replace(cluster, interference=round(statistics.median(interference), 3))
+    return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
+                       backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference))

@@ -53,6 +53,11 @@ class Cluster:
         algorithm: ``ring`` (default) or ``tree``.
         call_s: fixed overhead of issuing one collective.
         name: the preset this came from, or ``custom``.
+        interference: the fraction by which compute slows while a collective
+            runs (gloo on CPU shares the cores with the model: 0.3 means an
+            op takes 1.3x as long while the channel is busy); 0 for separate
+            hardware (NCCL on GPU). ``schedopt calibrate`` measures it. The
+            simulator models it in ``barrier`` mode; the solvers plan without it.
 
     Example:
         >>> Cluster.preset("10gbe", world_size=8).allreduce_s(25 * 2**20) > 0.03
@@ -65,6 +70,7 @@ class Cluster:
     algorithm: Algorithm = "ring"
     call_s: float = 0.0
     name: str = "custom"
+    interference: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
@@ -76,6 +82,9 @@ class Cluster:
             value = getattr(self, field)
             if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
                 raise UnitError(f"{field} must be a number >= 0, got {value!r}")
+        if not (isinstance(self.interference, (int, float)) and 0 <= self.interference <= 10
+                and math.isfinite(self.interference)):
+            raise UnitError(f"interference must be a number from 0 to 10, got {self.interference!r}")
         if self.algorithm not in ("ring", "tree"):
             raise SchedoptError(f"unknown all-reduce algorithm {self.algorithm!r}; valid: ring, tree")
 
@@ -142,7 +151,7 @@ class Cluster:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Cluster:
         """Rebuild a cluster from :meth:`to_json` output."""
-        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name"}
+        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference"}
         if not isinstance(data, dict) or "world_size" not in data or "bandwidth_Bps" not in data:
             raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -176,6 +185,7 @@ class Cluster:
         return (
             f"{self.world_size} ranks, {format_bandwidth(self.bandwidth_Bps)} ({self.name}), "
             f"alpha {format_duration(self.latency_s)}, {self.algorithm}"
+            + (f", compute {self.interference:.0%} slower during collectives" if self.interference else "")
         )
 
 

@@ -8,7 +8,11 @@ The machine has one compute stream and one network channel.
   issued), starts when the channel is free, and takes the all-reduce time of
   its bytes.
 - ``barrier``: the optimizer ops start once backward and every collective are
-  done; the iteration ends with the last optimizer op.
+  done; the iteration ends with the last optimizer op. With the cluster's
+  ``interference`` f > 0 (gloo on CPU shares the cores with the model), an
+  op runs 1/(1+f) as fast while the channel is busy: ops and chunks are then
+  simulated together, each op walking through the busy intervals of the
+  chunks issued before it starts (a chunk issued later starts after it ends).
 - ``overlap``: several steps are simulated back to back. The optimizer's work
   is split over buckets by parameter bytes, and a bucket's update runs on the
   compute stream right before the first op of the next step that reads one of
@@ -233,18 +237,25 @@ def _synced(timings: list[ChunkTiming]) -> dict[str, float]:
 def _simulate_barrier(problem: Problem, plan: Plan) -> Timeline:
     graph, cluster = problem.graph, problem.cluster
     events: list[Event] = []
-    end: dict[str, float] = {}
+    if cluster.interference > 0 and cluster.world_size > 1 and graph.params:
+        end, timings = _interfering_barrier(graph, plan, cluster)
+    else:
+        end, t = {}, 0.0
+        for op_id in plan.order:
+            op = graph.ops[op_id]
+            if op.phase != "optimizer":
+                t += op.duration_s
+                end[op_id] = t
+        ready = {name: end[p.grad_op] for name, p in graph.params.items()}
+        timings = comm_schedule(chunk_layout(graph, plan), cluster, ready)
     t = 0.0
-    for op_id in plan.order:
+    for op_id in plan.order:  # compute events: each op from the previous one's end to its own
         op = graph.ops[op_id]
-        if op.phase == "optimizer":
-            continue
-        events.append(Event(track="compute", name=op_id, start_s=t, end_s=t + op.duration_s, category=op.phase))
-        t += op.duration_s
-        end[op_id] = t
+        if op.phase != "optimizer":
+            events.append(Event(track="compute", name=op_id, start_s=t, end_s=end[op_id], category=op.phase))
+            t = end[op_id]
     backward_end = t
     ready = {name: end[p.grad_op] for name, p in graph.params.items()}
-    timings = comm_schedule(chunk_layout(graph, plan), cluster, ready)
     events += _comm_events(timings, plan, 0)
     t = max([backward_end] + [c.end_s for c in timings])
     for op_id in plan.order:
@@ -266,6 +277,74 @@ def _simulate_barrier(problem: Problem, plan: Plan) -> Timeline:
         windows=windows,
         events=tuple(sorted(events, key=lambda e: (e.start_s, e.track))),
     )
+
+
+def _interfering_barrier(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict[str, float], list[ChunkTiming]]:
+    """Op ends and chunk timings when compute runs ``1/(1 + interference)`` as fast during collectives.
+
+    Steps:
+        1. Run the ops in order; an op's work advances at full speed in the
+           channel's idle gaps and slowed inside the busy intervals of the
+           chunks issued so far.
+        2. After each op, issue (FIFO) every next chunk whose gradients are
+           all ready: issued at max(its gradients ready, previous issue),
+           started when the channel is free.
+        3. After the last op, the chunks left are all ready: issue them.
+    """
+    slow = 1.0 + cluster.interference
+    layout = chunk_layout(graph, plan)
+    ready: dict[str, float] = {}
+    timings: list[ChunkTiming] = []
+    end: dict[str, float] = {}
+    prev_issue = prev_end = t = 0.0
+    busy = 0  # index of the first chunk interval that may still overlap t
+
+    def issue_ready() -> None:
+        nonlocal prev_issue, prev_end
+        while len(timings) < len(layout) and all(n in ready for n in layout[len(timings)].params):
+            chunk = layout[len(timings)]
+            issue = max(max((ready[n] for n in chunk.params), default=0.0), prev_issue)
+            start = max(issue, prev_end)
+            timings.append(ChunkTiming(chunk=chunk, issue_s=issue, start_s=start,
+                                       end_s=start + cluster.allreduce_s(chunk.nbytes)))
+            prev_issue, prev_end = issue, timings[-1].end_s
+
+    finishes: dict[str, list[str]] = {}
+    for name, p in graph.params.items():
+        finishes.setdefault(p.grad_op, []).append(name)
+    issue_ready()  # chunks of empty parameters only
+    for op_id in plan.order:
+        op = graph.ops[op_id]
+        if op.phase == "optimizer":
+            continue
+        work = op.duration_s  # 1. walk the busy intervals from t
+        while busy < len(timings) and timings[busy].end_s <= t:
+            busy += 1
+        k = busy
+        while work > 0:
+            if k == len(timings):
+                t += work
+                break
+            a, b = timings[k].start_s, timings[k].end_s
+            if t < a:  # idle gap before the next chunk
+                if t + work <= a:
+                    t += work
+                    break
+                work -= a - t
+                t = a
+            if work * slow <= b - t:
+                t += work * slow
+                break
+            work -= (b - t) / slow
+            t = b
+            k += 1
+        end[op_id] = t
+        for name in finishes.get(op_id, ()):  # 2.
+            ready[name] = t
+        issue_ready()
+    issue_ready()  # 3.
+    assert len(timings) == len(layout), "every gradient is ready after the last op"
+    return end, timings
 
 
 def update_costs(graph: TrainGraph) -> dict[str, float]:

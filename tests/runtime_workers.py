@@ -206,3 +206,12 @@ def wrap_kind(rank: int, world: int, plan_path: str) -> dict[str, str]:
     os.environ["SCHEDOPT_PLAN"] = plan_path
     kinds["env"] = type(wrap(build("tiny_cnn")[0])).__name__
     return kinds
+
+
+def calibrate_small(rank: int, world: int) -> dict[str, Any]:
+    """A short all-reduce sweep on this gloo group."""
+    from schedopt.runtime.calibrate import calibrate_process_group
+
+    result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20)
+    return {"cluster": result.cluster, "quality": result.quality,
+            "sizes": [m.nbytes for m in result.measurements], "json": result.to_json()}

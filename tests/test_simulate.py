@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from schedopt import Bucket, Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
@@ -139,3 +141,20 @@ def test_simulation_is_deterministic(chain3, two_ranks):
     problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="overlap")
     plan = make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]])
     assert simulate(problem, plan) == simulate(problem, plan)
+
+
+def test_interference_slows_the_ops_that_overlap_a_collective(chain3, two_ranks):
+    # b1 starts at 3 ms while w2's all-reduce (2 ms) runs until 5 ms: at half speed it does 1 ms of its
+    # 3 ms by then and ends at 7; w1's all-reduce takes 3 ms, the optimizer 0.5: 10.5 ms (9.5 without)
+    slowed = replace(two_ranks, interference=1.0)
+    plan = Plan.for_problem(Problem(graph=chain3, cluster=slowed), order=["fwd", "b2", "b1", "opt"],
+                            buckets=[["w2"], ["w1"]], solver=SolverInfo(name="hand"))
+    free = simulate(Problem(graph=chain3, cluster=two_ranks), plan)
+    timeline = simulate(Problem(graph=chain3, cluster=slowed), plan)
+    assert free.iteration_s == pytest.approx(9.5e-3)
+    assert timeline.iteration_s == pytest.approx(10.5e-3)
+    b1 = next(e for e in timeline.events if e.name == "b1")
+    assert (b1.start_s, b1.end_s) == (pytest.approx(3e-3), pytest.approx(7e-3))
+    one_bucket = replace(plan, buckets=(Bucket(params=("w2", "w1")),))  # the collective starts after backward
+    assert simulate(Problem(graph=chain3, cluster=slowed), one_bucket).iteration_s == pytest.approx(
+        simulate(Problem(graph=chain3, cluster=two_ranks), one_bucket).iteration_s)

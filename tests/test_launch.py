@@ -1,0 +1,86 @@
+"""Launch paths: calibrate on real ranks, the cluster file, torchrun with SCHEDOPT_PLAN, the testbed's refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from schedopt import Cluster
+from schedopt.cli import main
+
+from . import runtime_workers as workers
+from .distributed import run_ranks
+from .models_path import MODELS_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_calibrate_fits_a_cluster_on_real_gloo_ranks(tmp_path):
+    results = run_ranks(workers.calibrate_small, 2)
+    first = results[0]
+    assert first["sizes"] == [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+    assert all(r["cluster"] == first["cluster"] for r in results)  # every rank fits the same data
+    cluster = first["cluster"]
+    assert cluster.world_size == 2 and cluster.bandwidth_Bps > 1e6
+    assert first["quality"].num_points == 6 and first["quality"].r2 <= 1.0
+    path = tmp_path / "cluster.json"
+    cluster.save(path, calibration=first["json"])
+    assert Cluster.load(path) == cluster
+    assert json.loads(path.read_text())["calibration"]["backend"] == "gloo"
+
+
+def test_calibrate_outside_torchrun_says_how_to_run_it(capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["calibrate", "-o", "c.json"]) == 2
+    assert "run it under torchrun" in capsys.readouterr().err
+
+
+def test_plan_takes_a_cluster_file_and_an_execution(tmp_path, capsys):
+    cluster = Cluster(world_size=2, bandwidth_Bps=5e7, latency_s=1e-4, name="calibrated-gloo")
+    cluster.save(tmp_path / "cluster.json")
+    plan = tmp_path / "plan.json"
+    assert main(["plan", f"{MODELS_FILE}:tiny_branches", "--solver", "caramel", "--cluster",
+                 str(tmp_path / "cluster.json"), "-o", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    assert data["cluster"]["world_size"] == 2 and data["cluster"]["bandwidth_Bps"] == 5e7
+    assert data["execution"] == "eager" and data["schema"] == "schedopt.plan/2"
+    assert main(["plan", f"{MODELS_FILE}:tiny_branches", "--solver", "caramel", "--cluster",
+                 str(tmp_path / "cluster.json"), "--execution", "compiled", "-o", str(plan)]) == 0
+    assert json.loads(plan.read_text())["execution"] == "compiled"
+    capsys.readouterr()
+    assert main(["plan", f"{MODELS_FILE}:tiny_branches", "--solver", "caramel", "--cluster",
+                 str(tmp_path / "missing.json"), "-o", str(plan)]) == 2
+    assert "cluster file" in capsys.readouterr().err
+
+
+def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", f"{MODELS_FILE}:tiny_cnn", "--solver", "pytorch-ddp", "--world-size", "2",
+                 "-o", str(plan)]) == 0
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / "train.py"), "tiny_cnn", "--steps", "3", "--threads", "1", "--json", str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "SCHEDOPT_PLAN": str(plan)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(out.read_text())
+    assert run["kind"] == "schedopt" and run["plan"] == str(plan) and len(run["step_s"]) == 3
+    assert "median step" in done.stdout
+
+
+def test_testbed_refuses_without_root_and_bad_modes(monkeypatch, capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import testbed
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert testbed.main(["--rate", "400mbit"]) == 2
+    assert "needs root" in capsys.readouterr().err
+    assert testbed.main(["--modes", "barrier,warp"]) == 2
+    assert "--modes" in capsys.readouterr().err
