@@ -126,38 +126,38 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'model':10s} {'ddp ms':>9s} {'schedopt ms':>12s} {'ratio':>7s} {'pair ratio':>11s}")
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "times.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   str(Path(__file__).resolve()),
-                   "--worker", model, str(args.steps), str(out)]
-            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-            if not out.exists():
-                print(f"runtime_overhead: {model} failed: {done.stderr.strip().splitlines()[-3:]}", file=sys.stderr)
-                return 1
-            times = json.loads(out.read_text())
+        times = _on_two_ranks("--worker", model, str(args.steps))
+        if times is None:
+            return 1
         ddp, ours = statistics.median(times["ddp"]), statistics.median(times["schedopt"])
         pair = statistics.median(o / d for o, d in zip(times["schedopt"], times["ddp"]))
         rows.append({"model": model, "ddp_median_s": ddp, "schedopt_median_s": ours, "ratio": ours / ddp,
                      "pair_ratio_median": pair, "num_steps": len(times["ddp"])})
         print(f"{model:10s} {ddp * 1e3:9.1f} {ours * 1e3:12.1f} {ours / ddp:7.3f} {pair:11.3f}", flush=True)
     if args.startup != "none":
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "startup.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                   str(Path(__file__).resolve()), "--startup-worker", args.startup, str(out)]
-            done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
-            if not out.exists():
-                print(f"runtime_overhead: startup failed: {done.stderr.strip().splitlines()[-3:]}", file=sys.stderr)
-                return 1
-            startup = json.loads(out.read_text())
+        startup = _on_two_ranks("--startup-worker", args.startup)
+        if startup is None:
+            return 1
         print(f"wrap({startup['model']}, {startup['num_params']:,} parameters) on 2 ranks: {startup['wrap_s']:.2f} s")
         rows.append({"startup": startup})
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
+
+
+def _on_two_ranks(*worker_args: str) -> dict | None:
+    """Run this script's worker under torchrun on 2 local ranks; what rank 0 wrote, or None (said why)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(Path(__file__).resolve()), *worker_args, str(out)]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if not out.exists():
+            print(f"runtime_overhead: {' '.join(worker_args)} failed: {done.stderr.strip().splitlines()[-3:]}",
+                  file=sys.stderr)
+            return None
+        return json.loads(out.read_text())
 
 
 if __name__ == "__main__":
