@@ -120,7 +120,7 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
            as the model's ops are (the rank's own threads).
         2. Its rate alone: units per second over about 0.3 s.
         3. Its rate during an async all-reduce sized (from ``cluster``) to last
-           ``collective_s``: units done until the collective completes.
+           ``collective_s``, 64 MiB at most: units done until it completes.
         4. A sample is ``rate alone / rate during - 1``, the slowest rank's.
     """
     import torch
@@ -130,7 +130,7 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     if device.type == "cuda":
         return [0.0]  # NCCL runs on the GPU's copy engines and SMs of its own stream: not the host's cores
     a = torch.randn(192, 192)
-    numel = max(int((collective_s - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1)
+    numel = min(max(int((collective_s - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1), 16 << 20)
     buffer = torch.ones(numel, dtype=torch.float32)
     samples = []
     for _ in range(num_samples):

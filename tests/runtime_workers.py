@@ -165,19 +165,20 @@ def wrap_changed_model(rank: int, world: int, plan) -> dict[str, Any]:
     return {"error": None, "wall_s": time.perf_counter() - started}
 
 
-def ddp_buckets(rank: int, world: int, cases: list[tuple[str, dict]]) -> dict[str, list[list[str]]]:
-    """For each example model, the buckets (names, in collective order) real DDP all-reduces after its rebuild."""
-    return {name: _ddp_buckets(name, kwargs) for name, kwargs in cases}
+def ddp_buckets(rank: int, world: int, cases: list[tuple[str, dict, float | None]]) -> dict[str, list[list[str]]]:
+    """For each example model, the buckets (names, in collective order) real DDP all-reduces after its
+    rebuild, with DDP's default caps or ``bucket_cap_mb`` (then torch 2.13 caps the first bucket alike)."""
+    return {name: _ddp_buckets(name, kwargs, cap_mb) for name, kwargs, cap_mb in cases}
 
 
-def _ddp_buckets(name: str, kwargs: dict) -> list[list[str]]:
+def _ddp_buckets(name: str, kwargs: dict, cap_mb: float | None) -> list[list[str]]:
     make = example_models().FACTORIES[name]
     torch.manual_seed(0)
     made = make(**kwargs)
     model, example = made[0], made[1] if isinstance(made[1], tuple) else (made[1],)
     loss_fn = made[2] if len(made) == 3 else _mse
     names = {id(p): n for n, p in model.named_parameters()}
-    ddp = nn.parallel.DistributedDataParallel(model)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap_mb)
     seen: list[list[str]] = []
 
     def record(state: Any, bucket: Any):
