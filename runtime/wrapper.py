@@ -72,7 +72,7 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
     if plan is None and os.environ.get(PLAN_ENV):
         plan = os.environ[PLAN_ENV]
     if plan is None:
-        log.info("schedopt: no plan (argument or $%s): training with torch DistributedDataParallel", PLAN_ENV)
+        log.warning("schedopt: no plan (argument or $%s): training with torch DistributedDataParallel", PLAN_ENV)
         return nn.parallel.DistributedDataParallel(module, process_group=process_group,
                                                    find_unused_parameters=find_unused_parameters)
     if not isinstance(plan, Plan):

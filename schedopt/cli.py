@@ -17,7 +17,7 @@ from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
 from .io import write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_kind
-from .plan import Plan
+from .plan import PLAN_SCHEMA, Plan
 from .problem import EXECUTIONS, MODES, Problem
 from .units import format_duration, format_size, parse_bandwidth, parse_duration, parse_size
 
@@ -306,6 +306,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     print(f"model      {plan.model.name}  ({plan.model.num_params} params, {plan.model.fingerprint[:23]}...)")
     print(f"cluster    {plan.cluster.describe()}")
     print(f"mode       {plan.mode}")
+    old = f" (a {plan.schema} plan: made before plans recorded it, its order chosen freely)" \
+        if plan.schema != PLAN_SCHEMA else ""
+    print(f"execution  {plan.execution}{old}")
     gap = f", gap {s.gap * 100:.2f}%" if s.gap is not None else ""
     print(f"solver     {s.name} [{s.status}] in {format_duration(s.solve_time_s)}{gap}")
     if p is not None:

@@ -46,7 +46,7 @@ def test_unknown_schema_version_is_refused(tmp_path, plan):
         Plan.load(path)
 
 
-def test_a_schema_1_plan_loads_as_compiled_and_saves_as_schema_2(tmp_path, problem):
+def test_a_schema_1_plan_loads_as_compiled_and_saves_as_schema_2(tmp_path, problem, capsys):
     data = get("pytorch-ddp")(problem).to_json()
     data["schema"] = "schedopt.plan/1"
     del data["execution"]
@@ -58,6 +58,10 @@ def test_a_schema_1_plan_loads_as_compiled_and_saves_as_schema_2(tmp_path, probl
     plan.save(tmp_path / "new.json")
     again = json.loads((tmp_path / "new.json").read_text())
     assert again["schema"] == "schedopt.plan/2" and again["execution"] == "compiled"
+    from schedopt.cli import main
+
+    assert main(["inspect", str(old)]) == 0
+    assert "execution  compiled (a schedopt.plan/1 plan" in capsys.readouterr().out
 
 
 def test_an_eager_plan_must_keep_the_engine_order(two_ranks):
