@@ -116,7 +116,7 @@ class ScheduledDataParallel(nn.Module):
         self.layout = BucketLayout(plan, self._params)
         self._scale = 1.0 / self.world_size
         self._cuda = any(p.is_cuda for p in self._params.values())
-        self._armed = False
+        self._armed = self._spent = False
         self._reset_step()
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(name))
                        for name, p in self._params.items()]
@@ -127,6 +127,7 @@ class ScheduledDataParallel(nn.Module):
         if self._buffers_to_sync and self.world_size > 1:
             self._sync_states(self._buffers_to_sync)
         self._armed = torch.is_grad_enabled() and self.require_backward_grad_sync
+        self._spent = False
         self._reset_step()
         return self.module(*args, **kwargs)
 
@@ -158,6 +159,9 @@ class ScheduledDataParallel(nn.Module):
         def hook(param: torch.Tensor) -> None:
             if self._armed:
                 self._gradient_ready(name, param.grad)
+            elif self._spent:
+                raise RuntimeError("a second synchronized backward after one forward: run forward again "
+                                   "before each backward (as with DDP), or accumulate under no_sync()")
         return hook
 
     def _gradient_ready(self, name: str, grad: torch.Tensor | None) -> None:
@@ -199,7 +203,7 @@ class ScheduledDataParallel(nn.Module):
 
     def _finish_backward(self) -> None:
         # step 3: unused parameters, wait, write the averages back
-        self._armed = False
+        self._armed, self._spent = False, True
         missing = [name for name in self._params if name not in self._ready]
         if missing and not self.find_unused_parameters:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""

@@ -216,3 +216,18 @@ def calibrate_small(rank: int, world: int) -> dict[str, Any]:
     result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20)
     return {"cluster": result.cluster, "quality": result.quality,
             "sizes": [m.nbytes for m in result.measurements], "json": result.to_json()}
+
+
+def backward_twice(rank: int, world: int, plan) -> str:
+    """Two backward passes after one forward (retain_graph): the second must not pass unsynchronized."""
+    from schedopt.runtime import wrap
+
+    model, example, loss_fn = build("tiny_cnn")
+    wrapped = wrap(model, plan)
+    loss = loss_fn(wrapped(*example), *example)
+    loss.backward(retain_graph=True)
+    try:
+        loss.backward()
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"

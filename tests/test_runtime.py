@@ -161,3 +161,8 @@ def test_pytorch_ddp_plans_have_the_buckets_real_ddp_builds():
         plan = get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8)), **caps)
         buckets = [list(b.params) for b in plan.buckets]
         assert len(buckets) > 1 and buckets == real[name], name
+
+
+def test_a_second_backward_after_one_forward_is_refused():
+    messages = run_ranks(workers.backward_twice, 2, ddp_plan("tiny_cnn"))
+    assert all("second synchronized backward after one forward" in m for m in messages)
