@@ -223,7 +223,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "num_buckets": len(plan.buckets),
         "num_steps_simulated": timeline.num_steps,
         "windows": {name: {"ready_s": w.ready_s, "deadline_s": w.deadline_s, "synced_s": w.synced_s,
-                           "slack_s": w.slack_s} for name, w in timeline.windows.items()},
+                           "width_s": w.width_s, "slack_s": w.slack_s} for name, w in timeline.windows.items()},
     }
     if args.format == "json":
         print(json.dumps(summary, indent=2))
@@ -240,7 +240,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     print("tightest windows:")
     for name, w in tight:
         print(f"  {name:<40} ready {format_duration(w.ready_s):>9}  deadline {format_duration(w.deadline_s):>9}"
-              f"  slack {format_duration(w.slack_s):>9}  synced {format_duration(w.synced_s):>9}")
+              f"  synced {format_duration(w.synced_s):>9}  slack {w.slack_s * 1e3:+9.3f}ms")
     for label, path in (("trace", args.trace), ("gantt", args.gantt)):
         if path:
             print(f"{label:<10} {path}")

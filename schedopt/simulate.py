@@ -87,8 +87,14 @@ class Window:
     synced_s: float
 
     @property
-    def slack_s(self) -> float:
+    def width_s(self) -> float:
+        """How long the gradient may travel: deadline minus ready."""
         return self.deadline_s - self.ready_s
+
+    @property
+    def slack_s(self) -> float:
+        """How early it arrived: deadline minus synced (negative when it is late)."""
+        return self.deadline_s - self.synced_s
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

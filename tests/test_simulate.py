@@ -23,7 +23,7 @@ def test_chain3_barrier_two_buckets(chain3, two_ranks):
     network: bucket0 = w2 (1 MB, 2 ms) 3-5; bucket1 = w1 (2 MB, 3 ms) at max(6, 5) = 6, ends 9
     barrier at max(6, 9) = 9; optimizer 9-9.5  ->  iteration 9.5 ms
     compute 1+2+3+0.5 = 6.5 ms; comm 2+3 = 5 ms; exposed 9.5-6.5 = 3 ms
-    windows: w2 [3, 6] slack 3, synced 5; w1 [6, 6] slack 0, synced 9
+    windows: w2 [3, 6] width 3, synced 5, slack 1; w1 [6, 6] width 0, synced 9, slack -3
     lower bound: T_opt + max(a, b, c) = 0.5 + max(6, 3 + C_all 4, 6 + c(w2) 2) = 8.5 ms
     """
     problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="barrier")
@@ -36,7 +36,8 @@ def test_chain3_barrier_two_buckets(chain3, two_ranks):
     w1, w2 = t.windows["w1"], t.windows["w2"]
     assert (w2.ready_s, w2.deadline_s, w2.synced_s) == pytest.approx((3 * MS, 6 * MS, 5 * MS))
     assert (w1.ready_s, w1.deadline_s, w1.synced_s) == pytest.approx((6 * MS, 6 * MS, 9 * MS))
-    assert w2.slack_s == pytest.approx(3 * MS) and w1.slack_s == pytest.approx(0)
+    assert w2.width_s == pytest.approx(3 * MS) and w1.width_s == pytest.approx(0)
+    assert w2.slack_s == pytest.approx(1 * MS) and w1.slack_s == pytest.approx(-3 * MS)  # w1 arrives 3 ms late
     comm = [(e.name, e.start_s, e.end_s) for e in t.events if e.track == "comm"]
     assert comm == [("bucket0", pytest.approx(3 * MS), pytest.approx(5 * MS)),
                     ("bucket1", pytest.approx(6 * MS), pytest.approx(9 * MS))]
@@ -69,8 +70,9 @@ def test_chain3_overlap_two_buckets(chain3, two_ranks):
         ("b1", pytest.approx((12 + 1 / 3) * MS), pytest.approx((15 + 1 / 3) * MS)),
     ]
     # windows: ready at the end of the grad op, needed when the next step reaches fwd
-    assert t.windows["w1"].slack_s == pytest.approx(0)
-    assert t.windows["w2"].slack_s == pytest.approx(3 * MS)
+    assert t.windows["w1"].width_s == pytest.approx(0)
+    assert t.windows["w2"].width_s == pytest.approx(3 * MS)
+    assert all(w.slack_s == pytest.approx(w.deadline_s - w.synced_s) for w in t.windows.values())
 
 
 def reordered_graph() -> TrainGraph:
