@@ -241,7 +241,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
                              "--execution", "eager", "--time-limit", f"{args.solve_time}s", "--format", "json",
                              "--out", str(plans_dir), timeout_s=min(args.solve_time * 3 + 120, left()))
-    compared = json.loads(rows_json)
+    compared = json.loads(rows_json)["rows"]
     best = min(compared, key=lambda r: r["iteration_s"])
     print("planned: " + ", ".join(f"{r['solver']} {r['iteration_s'] * 1e3:.0f} ms" for r in compared)
           + f"; best {best['solver']}")

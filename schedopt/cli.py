@@ -327,7 +327,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from .report import COLUMNS, compare, format_csv, format_table
+    from .report import COLUMNS, compare, comparison_json, format_csv, format_table
 
     names = _solver_list(args.solvers)
     graph = _graph(args)
@@ -351,7 +351,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=save)
     if args.format == "json":
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(comparison_json(problem, rows), indent=2))
     elif args.format == "csv":
         sys.stdout.write(format_csv(rows))
     else:
@@ -359,7 +359,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
               f"({format_size(graph.total_param_bytes)}); {problem.cluster.describe()}; {problem.mode}")
         print(format_table(rows, COLUMNS))
     if out is not None:
-        write_json_atomic(out / "compare.json", rows)
+        write_json_atomic(out / "compare.json", comparison_json(problem, rows))
         write_text_atomic(out / "compare.csv", format_csv(rows))
     return 0
 

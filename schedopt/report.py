@@ -1,6 +1,9 @@
 """Compare solvers on one problem and format the results (table, JSON, CSV).
 
-The JSON form of a comparison row is stable; scripts parse it:
+``compare --format json`` prints one versioned object (:func:`comparison_json`):
+``{"schema": "schedopt.compare/1", "model", "cluster", "mode", "execution", "rows"}``,
+``model`` the graph's name, ``cluster`` the cluster's JSON form, and ``rows``
+one object per solver. The keys of a row are stable; scripts parse them:
 
 ========================  =====================================================
 ``solver``                registered solver name
@@ -28,7 +31,10 @@ from typing import Any, Callable, Iterable, Sequence
 from .plan import Plan
 from .problem import Problem
 
-__all__ = ["COLUMNS", "SWEEP_COLUMNS", "compare", "comparison_row", "sweep", "format_table", "format_csv"]
+__all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
+           "format_table", "format_csv"]
+
+COMPARE_SCHEMA = "schedopt.compare/1"
 
 COLUMNS: tuple[str, ...] = (
     "solver",
@@ -47,6 +53,12 @@ COLUMNS: tuple[str, ...] = (
 )
 
 BASELINE = "pytorch-ddp"
+
+
+def comparison_json(problem: Problem, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Return the versioned JSON object of a comparison (see the module docstring)."""
+    return {"schema": COMPARE_SCHEMA, "model": problem.graph.name, "cluster": problem.cluster.to_json(),
+            "mode": problem.mode, "execution": problem.execution, "rows": list(rows)}
 
 
 def comparison_row(plan: Plan, *, baseline_s: float | None) -> dict[str, Any]:

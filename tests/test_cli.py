@@ -45,9 +45,15 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     assert "buckets" in capsys.readouterr().out
     out_dir = tmp_path / "cmp"
     assert main(["compare", str(graph_file), "--solvers", "all", "--format", "json", "--out", str(out_dir)]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert {"solver", "status", "iteration_s", "lower_bound_s", "bound_s", "gap", "exposed_comm_s", "comm_s",
-            "compute_s", "num_buckets", "solve_time_s", "speedup_vs_ddp"} <= set(rows[0])
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"schema", "model", "cluster", "mode", "execution", "rows"}
+    assert result["schema"] == "schedopt.compare/1" and result["mode"] == "barrier" and result["execution"] == "eager"
+    rows = result["rows"]
+    # the documented, stable keys of a row (schedopt/report.py): scripts parse them
+    assert all(list(row) == ["solver", "status", "iteration_s", "lower_bound_s", "bound_s", "gap",
+                             "gap_to_lower_bound", "exposed_comm_s", "comm_s", "compute_s", "num_buckets",
+                             "solve_time_s", "speedup_vs_ddp"] for row in rows)
+    assert json.loads((out_dir / "compare.json").read_text())["rows"] == rows
     ddp = next(r for r in rows if r["solver"] == "pytorch-ddp")
     assert ddp["speedup_vs_ddp"] == pytest.approx(1.0)
     assert (out_dir / "pytorch-ddp.plan.json").exists() and (out_dir / "pytorch-ddp.gantt.png").exists()
