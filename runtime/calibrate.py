@@ -27,7 +27,8 @@ from typing import Any
 from schedopt.cluster import Cluster, FitQuality, calibrate, fit_quality
 from schedopt.errors import SchedoptError
 
-__all__ = ["Measurement", "Calibration", "measure_allreduce", "measure_interference", "calibrate_process_group"]
+__all__ = ["Measurement", "Calibration", "measure_allreduce", "measure_interference", "calibrate_process_group",
+           "calibrate_launched"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +178,25 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     cluster = replace(cluster, interference=round(statistics.median(interference), 3))
     return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
                        backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference))
+
+
+def calibrate_launched(backend: str | None = None, **options: Any) -> Calibration | None:
+    """Join the process group torchrun describes, calibrate it, leave; rank 0 gets the result, others None.
+
+    ``backend``: ``nccl`` or ``gloo``; by default NCCL with CUDA (one GPU per local rank), else gloo.
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    try:
+        result = calibrate_process_group(**options)
+        return result if dist.get_rank() == 0 else None
+    finally:
+        dist.barrier()  # gloo can abort when one rank tears the group down while another still uses it
+        dist.destroy_process_group()

@@ -266,29 +266,20 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise SchedoptError("calibrate measures the real process group: run it under torchrun "
                             "(torchrun --nproc-per-node 2 -m schedopt calibrate -o cluster.json)")
     _check_writable(args.output)
-    import torch
-    import torch.distributed as dist
+    from .runtime.calibrate import calibrate_launched
 
-    from .runtime.calibrate import calibrate_process_group
-
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
-    try:
-        result = calibrate_process_group(min_bytes=parse_size(args.min_size), max_bytes=parse_size(args.max_size),
-                                         time_limit_s=args.time_limit, algorithm=args.algorithm)
-        if dist.get_rank() == 0:
-            result.cluster.save(args.output, calibration=result.to_json())
-            for m in result.measurements:
-                print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
-                      f"(model {format_duration(result.cluster.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
-            q = result.quality
-            print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
-                  f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)} -> {args.output}")
-    finally:
-        dist.barrier()  # gloo can abort when one rank tears the group down while another still uses it
-        dist.destroy_process_group()
+    result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
+                                max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,
+                                algorithm=args.algorithm)
+    if result is None:  # not rank 0
+        return 0
+    result.cluster.save(args.output, calibration=result.to_json())
+    for m in result.measurements:
+        print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
+              f"(model {format_duration(result.cluster.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
+    q = result.quality
+    print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
+          f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)} -> {args.output}")
     return 0
 
 
