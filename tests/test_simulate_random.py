@@ -7,6 +7,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 
 from schedopt import simulate
+from schedopt.simulate import update_costs
 from schedopt.solvers.common import bucket_first_order, split_chunks
 
 from .strategies import problems_and_plans
@@ -52,7 +53,8 @@ def test_timeline_is_physical(case):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems_and_plans())
 def test_splitting_chunks_into_buckets_is_never_slower(case):
-    """Why cpsat need not search chunk counts: one-chunk buckets cut at parameter boundaries do as well."""
+    """Why cpsat need not search chunk counts: one-chunk buckets cut at parameter boundaries do as well
+    (in overlap mode up to the moved updates: see split_chunks)."""
     problem, plan = case
     split = split_chunks(problem.graph, plan.buckets)
     assert all(b.chunks == 1 for b in split)
@@ -60,7 +62,11 @@ def test_splitting_chunks_into_buckets_is_never_slower(case):
     assert len(split) <= sum(b.chunks for b in plan.buckets)
     before = simulate(problem, plan).iteration_s
     after = simulate(problem, replace(plan, buckets=tuple(split), predicted=None)).iteration_s
-    assert after <= before * (1 + 1e-9) + 1e-15
+    moved = 0.0
+    if problem.mode == "overlap":
+        cost = update_costs(problem.graph)
+        moved = sum(cost[n] for b in plan.buckets if b.chunks > 1 for n in b.params)
+    assert after <= before * (1 + 1e-9) + 1e-15 + moved
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,4 +82,8 @@ def test_bucket_first_order_is_never_slower(case):
     assert all(position[u] < position[v] for u, v in problem.graph.dag.edges)
     before = simulate(problem, plan).iteration_s
     after = simulate(problem, replace(plan, order=tuple(order), predicted=None)).iteration_s
-    assert after <= before * (1 + 1e-9) + 1e-15
+    moved = 0.0
+    if problem.mode == "overlap":
+        cost = update_costs(problem.graph)
+        moved = sum(cost[n] for b in plan.buckets if b.chunks > 1 for n in b.params)
+    assert after <= before * (1 + 1e-9) + 1e-15 + moved
