@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .models_path import example_models
+from .models_path import example_models, example_train
 
 
 class FrozenStem(nn.Module):
@@ -62,15 +62,8 @@ def _mse(output: torch.Tensor, *_inputs: Any) -> torch.Tensor:
 
 
 def batch(example: tuple, seed: int) -> tuple:
-    """New inputs shaped like ``example``: normal floats, integers below the example's maximum."""
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for x in example:
-        if x.is_floating_point():
-            out.append(torch.randn(x.shape, generator=generator, dtype=x.dtype))
-        else:
-            out.append(torch.randint(0, int(x.max()) + 1, x.shape, generator=generator, dtype=x.dtype))
-    return tuple(out)
+    """New inputs shaped like ``example``, drawn as ``examples/train.py`` draws them."""
+    return example_train().batch(example, torch.Generator().manual_seed(seed), torch.device("cpu"))
 
 
 def _max_diffs(ours: nn.Module, ref: nn.Module) -> tuple[float, float]:
@@ -139,12 +132,16 @@ class _nothing:
 
 def wrap_and_time(rank: int, world: int, name: str, plans: list) -> dict[str, Any]:
     """Wrap ``name`` with ``plans[rank]`` (a plan per rank); how long it took, or what was raised."""
+    return _timed_wrap(build(name)[0], plans[rank])
+
+
+def _timed_wrap(model: nn.Module, plan) -> dict[str, Any]:
+    """How long ``wrap`` took, and the exception it raised (type name and message), if any."""
     from schedopt.runtime import wrap
 
-    model, _, _ = build(name)
     started = time.perf_counter()
     try:
-        wrap(model, plans[rank])
+        wrap(model, plan)
     except Exception as exc:  # noqa: BLE001 - the test inspects it
         return {"error": type(exc).__name__, "message": str(exc), "wall_s": time.perf_counter() - started}
     return {"error": None, "wall_s": time.perf_counter() - started}
@@ -152,17 +149,10 @@ def wrap_and_time(rank: int, world: int, name: str, plans: list) -> dict[str, An
 
 def wrap_changed_model(rank: int, world: int, plan) -> dict[str, Any]:
     """Wrap tiny_cnn after rank 1 widened its head: the model no longer is the planned one."""
-    from schedopt.runtime import wrap
-
     model, _, _ = build("tiny_cnn")
     if rank == 1:
         model.fc = nn.Linear(16, 12)
-    started = time.perf_counter()
-    try:
-        wrap(model, plan)
-    except Exception as exc:  # noqa: BLE001
-        return {"error": type(exc).__name__, "message": str(exc), "wall_s": time.perf_counter() - started}
-    return {"error": None, "wall_s": time.perf_counter() - started}
+    return _timed_wrap(model, plan)
 
 
 def ddp_buckets(rank: int, world: int, cases: list[tuple[str, dict, float | None]]) -> dict[str, list[list[str]]]:
