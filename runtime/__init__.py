@@ -3,11 +3,13 @@
 Example:
     >>> from schedopt.runtime import wrap            # doctest: +SKIP
     >>> model = wrap(model)                           # doctest: +SKIP  the plan in $SCHEDOPT_PLAN
+    >>> optimizer = wrap_optimizer(optimizer, model)  # doctest: +SKIP  steps per bucket in overlap mode
 """
 
 from __future__ import annotations
 
 from .agreement import check_agreement, plan_hash
+from .optimizer import wrap_optimizer
 from .wrapper import PLAN_ENV, ScheduledDataParallel, wrap
 
-__all__ = ["PLAN_ENV", "ScheduledDataParallel", "check_agreement", "plan_hash", "wrap"]
+__all__ = ["PLAN_ENV", "ScheduledDataParallel", "check_agreement", "plan_hash", "wrap", "wrap_optimizer"]

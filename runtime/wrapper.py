@@ -17,13 +17,21 @@ What one synchronized step does (``barrier`` mode):
    every collective is waited for and each ``.grad`` receives its average.
    When ``loss.backward()`` returns, every ``.grad`` holds the average, as
    with DDP, and equals DDP's bit for bit on 2 ranks.
+
+In ``overlap`` mode steps 1 and 2 are the same (the buffers travel
+asynchronously, :mod:`~schedopt.runtime.broadcast`); step 3 checks unused
+parameters and returns with the collectives in flight, and each bucket's
+wait and optimizer step move to where the next forward first reads it
+(:mod:`~schedopt.runtime.deferred`, :func:`~schedopt.runtime.wrap_optimizer`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -34,7 +42,9 @@ from schedopt.errors import InvalidPlanError, UnusedParameterError
 from schedopt.plan import Plan
 
 from .agreement import check_agreement
+from .broadcast import BufferBroadcast, broadcast_states
 from .buckets import BucketLayout
+from .deferred import DeferredUpdates
 
 __all__ = ["ScheduledDataParallel", "wrap", "PLAN_ENV"]
 
@@ -42,8 +52,8 @@ log = logging.getLogger("schedopt.runtime")
 
 #: The environment variable that names the plan ``wrap`` applies when given none.
 PLAN_ENV = "SCHEDOPT_PLAN"
-#: Bytes per broadcast when syncing parameters and buffers (DDP's ``broadcast_bucket_size``).
-BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+#: The modes ``wrap`` runs.
+MODES = ("barrier", "overlap")
 
 
 def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *, process_group: Any = None,
@@ -60,14 +70,17 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
             step are handled instead of raising :class:`UnusedParameterError`.
 
     Raises:
-        InvalidPlanError: the plan cannot be read, is not an eager barrier
-            plan, or its buckets do not fit the model.
+        InvalidPlanError: the plan cannot be read, is not an eager barrier or
+            overlap plan, or its buckets do not fit the model.
         PlanMismatchError: on every rank, when the ranks hold different plans
             or the model differs from the one planned.
 
     Example:
         >>> model = wrap(model, "plan.json")  # doctest: +SKIP
         >>> loss_fn(model(x), y).backward()   # doctest: +SKIP  every .grad holds the average
+
+    With an ``overlap`` plan, pass the optimizer through
+    :func:`~schedopt.runtime.wrap_optimizer` and call ``model.flush()`` after the last step.
     """
     if plan is None and os.environ.get(PLAN_ENV):
         plan = os.environ[PLAN_ENV]
@@ -96,8 +109,8 @@ class ScheduledDataParallel(nn.Module):
                 f"this plan has {plan.execution} execution (its op order is free), which eager PyTorch cannot "
                 "run; plan with --execution eager"
             )
-        if plan.mode != "barrier":
-            raise InvalidPlanError(f"wrap applies barrier-mode plans; this plan is in {plan.mode} mode")
+        if plan.mode not in MODES:
+            raise InvalidPlanError(f"wrap applies {' and '.join(MODES)} plans; this plan is in {plan.mode} mode")
         if not dist.is_initialized():
             raise InvalidPlanError("wrap needs torch.distributed initialized (torchrun, init_process_group)")
         self.module = module
@@ -112,8 +125,17 @@ class ScheduledDataParallel(nn.Module):
         check_agreement(plan, module, process_group)
         self._params = trainable_parameters(module)
         self._buffers_to_sync = [b.detach() for b in module.buffers()]
-        self._sync_states([p.detach() for p in module.parameters()] + self._buffers_to_sync)
+        broadcast_states([p.detach() for p in module.parameters()] + self._buffers_to_sync, process_group)
         self.layout = BucketLayout(plan, self._params)
+        #: overlap mode's in-flight collectives and pending steps (None in barrier mode)
+        self.deferred: DeferredUpdates | None = None
+        self._buffer_broadcast: BufferBroadcast | None = None
+        if plan.mode == "overlap":
+            self.deferred = DeferredUpdates(module, self._params, self.layout)
+            if self._buffers_to_sync and self.world_size > 1:
+                self._buffer_broadcast = BufferBroadcast(self._buffers_to_sync, process_group)
+            module.register_state_dict_pre_hook(lambda *_: self.flush())
+            _flush_at_exit(self)
         self._scale = 1.0 / self.world_size
         self._cuda = any(p.is_cuda for p in self._params.values())
         self._armed = self._spent = False
@@ -124,12 +146,28 @@ class ScheduledDataParallel(nn.Module):
     # ------------------------------------------------------------ user API
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.deferred is not None:
+            return self._overlap_forward(*args, **kwargs)
         if self._buffers_to_sync and self.world_size > 1:
-            self._sync_states(self._buffers_to_sync)
-        self._armed = torch.is_grad_enabled() and self.require_backward_grad_sync
-        self._spent = False
-        self._reset_step()
+            broadcast_states(self._buffers_to_sync, self.process_group)
+        self._arm()
         return self.module(*args, **kwargs)
+
+    def flush(self) -> None:
+        """Overlap mode: finish every collective and apply every pending optimizer step (barrier: nothing to do).
+
+        ``state_dict()``, ``train()``/``eval()`` and the wrapped optimizer's
+        ``state_dict()`` flush first; call it before reading parameters
+        directly or tearing the process group down after the last step.
+        """
+        if self.deferred is not None:
+            self.deferred.flush()
+            if self._buffer_broadcast is not None:
+                self._buffer_broadcast.wait()
+
+    def train(self, mode: bool = True) -> "ScheduledDataParallel":
+        self.flush()
+        return super().train(mode)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -143,9 +181,23 @@ class ScheduledDataParallel(nn.Module):
 
     # ------------------------------------------------------------ one step
 
-    def _sync_states(self, tensors: list[torch.Tensor]) -> None:
-        if tensors:
-            dist._broadcast_coalesced(self.process_group or dist.group.WORLD, tensors, BROADCAST_BUCKET_BYTES, 0)
+    def _arm(self) -> None:
+        self._armed = torch.is_grad_enabled() and self.require_backward_grad_sync
+        self._spent = False
+        self._reset_step()
+
+    def _overlap_forward(self, *args: Any, **kwargs: Any) -> Any:
+        deferred = self.deferred
+        assert deferred is not None
+        deferred.forward_began()
+        if self._buffer_broadcast is not None:
+            self._buffer_broadcast.finish()  # rank 0's buffers as the last forward left them
+        self._arm()
+        out = self.module(*args, **kwargs)  # each module's pre-hook settles its buckets
+        deferred.forward_ended()
+        if self._buffer_broadcast is not None:
+            self._buffer_broadcast.start()
+        return out
 
     def _reset_step(self) -> None:
         self._ready: set[str] = set()
@@ -171,6 +223,8 @@ class ScheduledDataParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         if name in self._ready:
             raise RuntimeError(f"the gradient of {name} became ready twice in one synchronized backward")
+        if self.deferred is not None:
+            self.deferred.before_write(name)
         view = self.layout.views[name]
         if grad is None:
             view.zero_()
@@ -195,7 +249,12 @@ class ScheduledDataParallel(nn.Module):
                 stream = torch.cuda.current_stream()
                 for name in collectives[c].params:
                     stream.wait_event(self._events[name])
-            self._works.append(dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True))
+            work = dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True)
+            if self.deferred is None:
+                self._works.append(work)
+            else:
+                last = c + 1 == len(collectives) or collectives[c + 1].bucket != collectives[c].bucket
+                self.deferred.issued(collectives[c].bucket, work, last_chunk=last)
             self.collective_log.append((collectives[c].bucket, collectives[c].chunk, collectives[c].numel))
             self._next += 1
             if c == 0:
@@ -220,6 +279,9 @@ class ScheduledDataParallel(nn.Module):
             dist.all_reduce(used, group=self.process_group)
             globally_used = dict(zip(self._params, used.tolist()))
         assert self._next == len(self.layout.collectives), "every collective is issued once all gradients are in"
+        if self.deferred is not None:  # overlap: the collectives stay in flight
+            self.deferred.unused = {n for n, used in (globally_used or {}).items() if not used}
+            return
         for work in self._works:
             work.wait()
         for name, param in self._params.items():
@@ -231,3 +293,19 @@ class ScheduledDataParallel(nn.Module):
             else:
                 param.grad.copy_(view)
         self._works = []
+
+
+def _flush_at_exit(wrapped: ScheduledDataParallel) -> None:
+    """At interpreter exit, apply what is still pending while the process group is up (else say it is lost)."""
+    ref = weakref.ref(wrapped)
+
+    def flush() -> None:
+        model = ref()
+        if model is None or model.deferred is None or not model.deferred.pending:
+            return
+        if dist.is_initialized():
+            model.flush()
+        else:
+            log.warning("schedopt: the last step's updates were still pending when the process group was "
+                        "destroyed; call model.flush() after the last step")
+    atexit.register(flush)

@@ -17,6 +17,7 @@ from .errors import (
     SchedoptError,
     SolverError,
     UnitError,
+    UnsupportedOptimizerError,
     UnusedParameterError,
 )
 from .graph import Op, Param, TrainGraph
@@ -43,6 +44,7 @@ __all__ = [
     "Timeline",
     "TrainGraph",
     "UnitError",
+    "UnsupportedOptimizerError",
     "UnusedParameterError",
     "calibrate",
     "lower_bound",

@@ -11,6 +11,7 @@ __all__ = [
     "PlanMismatchError",
     "SolverError",
     "UnusedParameterError",
+    "UnsupportedOptimizerError",
 ]
 
 
@@ -44,3 +45,7 @@ class SolverError(SchedoptError):
 
 class UnusedParameterError(SchedoptError, RuntimeError):
     """A trainable parameter got no gradient in a synchronized step (the runtime cannot send it)."""
+
+
+class UnsupportedOptimizerError(SchedoptError, TypeError):
+    """An optimizer, or a use of one, that overlap mode cannot defer per bucket (LBFGS, a closure)."""

@@ -43,11 +43,40 @@ class WithUnused(nn.Module):
         return self.b(h)
 
 
+class TiedFrozenNorm(nn.Module):
+    """A tied embedding (read first in forward, ready last in backward), a frozen layer, BatchNorm buffers,
+    and a wide layer whose collective takes a while."""
+
+    def __init__(self, vocab: int = 48, dim: int = 32, wide: int = 512) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.frozen = nn.Linear(dim, dim)
+        self.frozen.requires_grad_(False)
+        self.norm = nn.BatchNorm1d(dim)
+        self.up = nn.Linear(dim, wide)
+        self.down = nn.Linear(wide, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.frozen(self.embed(tokens))
+        h = self.norm(h.transpose(1, 2)).transpose(1, 2)
+        h = h + self.down(torch.relu(self.up(h)))
+        return self.head(h)
+
+
+def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
 def build(name: str) -> tuple[nn.Module, tuple, Any]:
     """Return ``(model, example_inputs, loss_fn)`` seeded alike on every rank."""
     torch.manual_seed(0)
     if name == "frozen_stem":
         return FrozenStem(), (torch.randn(4, 3, 8, 8),), _mse
+    if name in ("tied_frozen_norm", "tied_wide"):
+        model = TiedFrozenNorm(wide=16384 if name == "tied_wide" else 512)
+        return model, (torch.arange(48).reshape(4, 12),), _next_token_loss
     if name in ("with_unused", "with_unused_planned"):
         model = WithUnused()
         model.use_extra = name == "with_unused_planned"  # planned with every parameter in use
@@ -221,3 +250,142 @@ def backward_twice(rank: int, world: int, plan) -> str:
     except RuntimeError as exc:
         return str(exc)
     return "no error"
+
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05),
+    "sgd-momentum": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4),
+    "sgd-nesterov": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-2),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1),
+}
+
+
+def _optimizer(kind: str, model: nn.Module, scheduler: bool):
+    """An optimizer with two parameter groups (decay off for 1-D parameters) and, maybe, an LR schedule."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim > 1]},
+              {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}]
+    opt = OPTIMIZERS[kind](groups)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5) if scheduler else None
+    return opt, sched
+
+
+def _state_equal(a: Any, b: Any) -> bool:
+    """Nested dicts, lists and tensors equal bit for bit."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_state_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_state_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def overlap_against_ddp(rank: int, world: int, name: str, plan, kinds: list[str], steps: int = 6, *,
+                        scheduler: bool = True, set_to_none: bool = True, checkpoint_at: int = 3) -> dict[str, Any]:
+    """For each optimizer kind, train an overlap-mode copy and a DDP copy side by side for ``steps`` steps.
+
+    Per kind: whether, after a mid-training checkpoint (the model's and the optimizer's ``state_dict``
+    after step ``checkpoint_at``) and at the end, parameters, buffers and optimizer state equal DDP's
+    bit for bit, the largest relative parameter difference, whether anything was pending after
+    ``flush()``, and the settles of the last step.
+    """
+    from schedopt.runtime import wrap, wrap_optimizer
+
+    results = {}
+    for kind in kinds:
+        model, example, loss_fn = build(name)
+        reference = copy.deepcopy(model)
+        ours = wrap(model, plan)
+        ddp = nn.parallel.DistributedDataParallel(reference)
+        opt_ours, sched_ours = _optimizer(kind, ours.module, scheduler)
+        opt_ours = wrap_optimizer(opt_ours, ours)
+        opt_ddp, sched_ddp = _optimizer(kind, ddp.module, scheduler)
+        checkpoint_equal = None
+        settles, logs = [], []
+        for step in range(steps):
+            x = batch(example, seed=1000 * step + rank)
+            for wrapped, opt, sched in ((ours, opt_ours, sched_ours), (ddp, opt_ddp, sched_ddp)):
+                opt.zero_grad(set_to_none=set_to_none)
+                loss_fn(wrapped(*x), *x).backward()
+                opt.step()
+                if sched is not None:
+                    sched.step()
+            settles.append(list(ours.deferred.settled))
+            logs.append(list(ours.collective_log))
+            if step == checkpoint_at:
+                checkpoint_equal = (_state_equal(ours.state_dict(), ddp.state_dict())
+                                    and _state_equal(opt_ours.state_dict(), opt_ddp.state_dict()))
+        ours.flush()
+        worst = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+                    for a, b in zip(ours.module.parameters(), ddp.module.parameters()))
+        results[kind] = {
+            "checkpoint_equal": checkpoint_equal,
+            "params_equal": all(torch.equal(a, b) for a, b in zip(ours.module.parameters(), ddp.module.parameters())),
+            "buffers_equal": all(torch.equal(a, b) for a, b in zip(ours.module.buffers(), ddp.module.buffers())),
+            "state_equal": _state_equal(opt_ours.state_dict(), opt_ddp.state_dict()),
+            "worst_rel": worst,
+            "pending_after_flush": ours.deferred.pending,
+            "settles": [[(s.bucket, s.where, s.waited, s.steps) for s in step_settles] for step_settles in settles],
+            "lr_end": [g["lr"] for g in opt_ours.param_groups],
+            "lr_ddp_end": [g["lr"] for g in opt_ddp.param_groups],
+            "lr_start": [g["initial_lr"] for g in opt_ddp.param_groups] if scheduler else None,
+            "logs": logs,
+        }
+    return results
+
+
+def overlap_waits(rank: int, world: int, name: str, plan, steps: int = 4) -> dict[str, Any]:
+    """Train in overlap mode alone; at each module's forward, which settles had happened (a hook after ours)."""
+    from schedopt.runtime import wrap, wrap_optimizer
+
+    model, example, loss_fn = build(name)
+    ours = wrap(model, plan)
+    opt = wrap_optimizer(torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9), ours)
+    seen: list[tuple[str, list[int]]] = []
+    for mname, m in model.named_modules():
+        m.register_forward_pre_hook(lambda _m, _a, mname=mname: seen.append(
+            (mname, [s.bucket for s in ours.deferred.settled])))
+    owned = {mname: sorted({ours.deferred.by_param_id[id(p)] for p in m.parameters(recurse=False)
+                            if id(p) in ours.deferred.by_param_id}) for mname, m in model.named_modules()}
+    steps_seen, settles = [], []
+    for step in range(steps):
+        x = batch(example, seed=1000 * step + rank)
+        seen.clear()
+        opt.zero_grad()
+        loss_fn(ours(*x), *x).backward()
+        opt.step()
+        steps_seen.append(list(seen))
+        settles.append([(s.bucket, s.where, s.waited, s.steps) for s in ours.deferred.settled])
+    ours.flush()
+    return {"seen": steps_seen, "owned": owned, "settles": settles}
+
+
+def overlap_contract(rank: int, world: int, plan) -> dict[str, Any]:
+    """In overlap mode: what .grad holds after backward, eval() flushing, and the optimizers refused."""
+    from schedopt.errors import UnsupportedOptimizerError
+    from schedopt.runtime import wrap, wrap_optimizer
+
+    model, example, loss_fn = build("tied_frozen_norm")
+    local = copy.deepcopy(model)
+    ours = wrap(model, plan)
+    opt = wrap_optimizer(torch.optim.SGD(ours.parameters(), lr=0.1), ours)
+    x = batch(example, seed=rank)
+    loss_fn(ours(*x), *x).backward()
+    loss_fn(local(*x), *x).backward()
+    grad_is_local = all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), local.parameters())
+                        if a.requires_grad)
+    opt.step()
+    pending_before_eval = ours.deferred.pending
+    ours.eval()
+    out = {"grad_is_local": grad_is_local, "pending_before_eval": pending_before_eval,
+           "pending_after_eval": ours.deferred.pending}
+    for label, attempt in (("lbfgs", lambda: wrap_optimizer(torch.optim.LBFGS(ours.parameters()), ours)),
+                           ("closure", lambda: opt.step(lambda: 0.0))):
+        try:
+            attempt()
+            out[label] = "no error"
+        except UnsupportedOptimizerError as exc:
+            out[label] = str(exc)
+    return out

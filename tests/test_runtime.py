@@ -124,15 +124,13 @@ def test_a_plan_for_another_world_size_runs():
     assert all(r["diffs"][0][0] == 0.0 for r in results)
 
 
-def test_compiled_and_overlap_plans_are_refused_with_what_to_do():
+def test_compiled_plans_are_refused_with_what_to_do():
     from schedopt.runtime import ScheduledDataParallel
 
     plan = ddp_plan("tiny_cnn")
     model = workers.build("tiny_cnn")[0]
     with pytest.raises(InvalidPlanError, match="--execution eager"):
         ScheduledDataParallel(model, replace(plan, execution="compiled"))
-    with pytest.raises(InvalidPlanError, match="barrier-mode plans"):
-        ScheduledDataParallel(model, replace(plan, mode="overlap"))
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters())  # refused before any hook
 
 

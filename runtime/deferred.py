@@ -1,0 +1,185 @@
+"""Overlap mode: a bucket's collective is waited for, and its optimizer step applied, where the next forward reads it.
+
+When ``loss.backward()`` returns every collective of the step is in flight.
+``optimizer.step()`` (an optimizer passed through
+:func:`~schedopt.runtime.wrap_optimizer`) records a request with the
+hyperparameters in force and returns. Each bucket is *settled* (its
+collectives waited for, then every requested step applied to its parameters
+with their averaged gradients) at the first of:
+
+1. the forward pre-hook of a module that owns one of its parameters (a
+   parameter registered in two modules, such as a tied embedding, settles
+   where it is first read): the simulator's "update right before the first
+   forward op that reads it";
+2. the next backward about to write a gradient into the bucket's buffer;
+3. the end of the wrapped forward, for buckets whose modules did not run
+   (said once in a warning: a parameter read by another module than its own
+   was read before its update);
+4. :meth:`DeferredUpdates.flush`: ``state_dict()`` of the model or of the
+   optimizer, ``train()``/``eval()``, and ``flush()`` itself.
+
+On CPU (gloo) the wait blocks the host until the bytes are in; on CUDA
+``work.wait()`` makes the current stream wait on the collective's end event
+and the host goes on, so the update's kernels queue behind the transfer.
+
+Between ``backward()`` and the next forward, ``.grad`` holds this rank's own
+(accumulated) gradient, untouched: the averaged one lives in the bucket
+buffers until the step is applied, when each ``.grad`` is swapped for its
+average for the duration of the optimizer call. Keeping the local gradient
+costs nothing, keeps ``p.grad is not None`` checks true, and because the
+average is linear, gradients accumulated without ``zero_grad`` still
+average as DDP's do; code that must see averaged gradients between backward
+and step (clipping by the global norm, LBFGS) needs ``barrier`` mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from .buckets import BucketLayout
+    from .optimizer import OptimizerDriver
+
+__all__ = ["DeferredUpdates", "StepRequest", "Settled"]
+
+log = logging.getLogger("schedopt.runtime")
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """One ``optimizer.step()`` to apply to a bucket: the optimizer and its hyperparameters at the call."""
+
+    driver: "OptimizerDriver"
+    hyper: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A record of one settle: which bucket, where, and whether it had to wait for the network."""
+
+    bucket: int
+    where: str  # "forward:<module>", "backward", "forward-end" or "flush"
+    waited: bool  # some collective of the bucket was still running when the settle began
+    steps: int  # optimizer steps applied
+
+
+@dataclass
+class _Bucket:
+    members: list[tuple[str, nn.Parameter]]
+    works: list[Any] = field(default_factory=list)
+    requests: list[StepRequest] = field(default_factory=list)
+    generation: int = 0  # how many times its collectives were issued (a new average each time)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.works or self.requests)
+
+
+class DeferredUpdates:
+    """The in-flight collectives and requested optimizer steps of every bucket (see the module docstring).
+
+    Args:
+        module: the wrapped model; a forward pre-hook goes on each module owning a planned parameter.
+        params: the trainable parameters by name (the plan's names).
+        layout: the plan's buckets; bucket ``k`` settles bucket ``k``'s parameters.
+    """
+
+    def __init__(self, module: nn.Module, params: dict[str, nn.Parameter], layout: "BucketLayout") -> None:
+        self.layout = layout
+        self.bucket_of: dict[str, int] = {}
+        self.buckets: list[_Bucket] = [_Bucket(members=[]) for _ in layout.buffers]
+        for c in layout.collectives:
+            for name in c.params:
+                self.bucket_of[name] = c.bucket
+        for name, param in params.items():
+            self.buckets[self.bucket_of[name]].members.append((name, param))
+        self.by_param_id = {id(p): self.bucket_of[name] for name, p in params.items()}
+        self.unused: set[str] = set()  # parameters no rank used in the last synchronized backward
+        #: every settle since the last forward began, in order (tests read it)
+        self.settled: list[Settled] = []
+        self._warned_unread = False
+        self._hooks = []
+        for mname, m in module.named_modules():
+            ks = sorted({self.by_param_id[id(p)] for p in m.parameters(recurse=False) if id(p) in self.by_param_id})
+            if ks:
+                self._hooks.append(m.register_forward_pre_hook(self._pre_forward_hook(ks, mname or "<root>")))
+
+    def _pre_forward_hook(self, ks: list[int], where: str) -> Callable[..., None]:
+        label = f"forward:{where}"
+
+        def hook(_module: nn.Module, _args: Any) -> None:
+            for k in ks:
+                if self.buckets[k].pending:
+                    self.settle(k, label)
+        return hook
+
+    # ------------------------------------------------------------ what the wrapper reports
+
+    def issued(self, k: int, work: Any, *, last_chunk: bool) -> None:
+        """Bucket ``k``'s collective (one chunk) is in flight; with its last chunk, a new average is coming."""
+        self.buckets[k].works.append(work)
+        if last_chunk:
+            self.buckets[k].generation += 1
+
+    def before_write(self, name: str) -> None:
+        """The backward is about to write ``name``'s gradient into its bucket: settle that bucket first."""
+        k = self.bucket_of[name]
+        if self.buckets[k].pending:
+            self.settle(k, "backward")
+
+    def forward_began(self) -> None:
+        self.settled = []
+
+    def forward_ended(self) -> None:
+        """Settle the buckets whose modules did not run in this forward (case 3)."""
+        unread = [k for k, b in enumerate(self.buckets) if b.requests]
+        for k in unread:
+            self.settle(k, "forward-end")
+        if unread and not self._warned_unread:
+            self._warned_unread = True
+            names = [name for k in unread for name, _ in self.buckets[k].members][:4]
+            log.warning("schedopt: the forward did not run the module(s) owning %s, so their update ran after it; "
+                        "a parameter read outside its own module is read before its update (use barrier mode)",
+                        ", ".join(names))
+
+    # ------------------------------------------------------------ what the optimizer asks
+
+    def generation(self, k: int) -> int:
+        return self.buckets[k].generation
+
+    def request(self, k: int, request: StepRequest) -> None:
+        self.buckets[k].requests.append(request)
+
+    def settle(self, k: int, where: str) -> None:
+        """Wait for bucket ``k``'s collectives, then apply its requested steps with the averaged gradients."""
+        bucket = self.buckets[k]
+        waited = any(not w.is_completed() for w in bucket.works)
+        for work in bucket.works:
+            work.wait()
+        bucket.works = []
+        requests, bucket.requests = bucket.requests, []
+        if requests:
+            grads = [(p, None if name in self.unused else self.layout.views[name]) for name, p in bucket.members]
+            for request in requests:
+                request.driver.apply(grads, request.hyper)
+        self.settled.append(Settled(bucket=k, where=where, waited=waited, steps=len(requests)))
+
+    def flush(self) -> None:
+        """Settle every bucket: no collective in flight, no step pending."""
+        for k, bucket in enumerate(self.buckets):
+            if bucket.pending:
+                self.settle(k, "flush")
+
+    @property
+    def pending(self) -> bool:
+        return any(b.pending for b in self.buckets)
+
+    def remove_hooks(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
