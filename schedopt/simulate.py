@@ -17,7 +17,9 @@ The machine has one compute stream and one network channel.
   is split over buckets by parameter bytes, and a bucket's update runs on the
   compute stream right before the first op of the next step that reads one of
   its parameters, once the bucket's collective has ended (the compute stream
-  waits for it). The iteration time is the steady-state period.
+  waits for it). The iteration time is the steady-state period. Interference
+  slows ops (and updates) as in barrier mode, here also while the previous
+  step's chunks are still on the wire.
 
 Lower bound, valid for every order and bucketing (``Problem`` only):
 
@@ -285,50 +287,28 @@ def _simulate_barrier(problem: Problem, plan: Plan) -> Timeline:
     )
 
 
-def _interfering_barrier(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict[str, float], list[ChunkTiming]]:
-    """Op ends and chunk timings when compute runs ``1/(1 + interference)`` as fast during collectives.
+class _Machine:
+    """One compute stream and one FIFO channel; with interference f, compute runs 1/(1+f) as fast while a
+    chunk is on the wire (chunks are not slowed). Chunks are issued as their gradients become ready."""
 
-    Steps:
-        1. Run the ops in order; an op's work advances at full speed in the
-           channel's idle gaps and slowed inside the busy intervals of the
-           chunks issued so far.
-        2. After each op, issue (FIFO) every next chunk whose gradients are
-           all ready: issued at max(its gradients ready, previous issue),
-           started when the channel is free.
-        3. After the last op, the chunks left are all ready: issue them.
-    """
-    slow = 1.0 + cluster.interference
-    layout = chunk_layout(graph, plan)
-    ready: dict[str, float] = {}
-    timings: list[ChunkTiming] = []
-    end: dict[str, float] = {}
-    prev_issue = prev_end = t = 0.0
-    busy = 0  # index of the first chunk interval that may still overlap t
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.slow = 1.0 + (cluster.interference if cluster.world_size > 1 else 0.0)
+        self.t = 0.0  # the compute stream's clock
+        self.timings: list[ChunkTiming] = []  # every chunk issued so far, all steps
+        self._prev_issue = self._prev_end = 0.0
+        self._busy = 0  # index of the first chunk that may still overlap t
 
-    def issue_ready() -> None:
-        nonlocal prev_issue, prev_end
-        while len(timings) < len(layout) and all(n in ready for n in layout[len(timings)].params):
-            chunk = layout[len(timings)]
-            issue = max(max((ready[n] for n in chunk.params), default=0.0), prev_issue)
-            start = max(issue, prev_end)
-            timings.append(ChunkTiming(chunk=chunk, issue_s=issue, start_s=start,
-                                       end_s=start + cluster.allreduce_s(chunk.nbytes)))
-            prev_issue, prev_end = issue, timings[-1].end_s
-
-    finishes: dict[str, list[str]] = {}
-    for name, p in graph.params.items():
-        finishes.setdefault(p.grad_op, []).append(name)
-    issue_ready()  # chunks of empty parameters only
-    for op_id in plan.order:
-        op = graph.ops[op_id]
-        if op.phase == "optimizer":
-            continue
-        work = op.duration_s  # 1. walk the busy intervals from t
-        while busy < len(timings) and timings[busy].end_s <= t:
-            busy += 1
-        k = busy
+    def run(self, work: float) -> tuple[float, float]:
+        """Run ``work`` seconds of compute from now: at full speed in the channel's idle gaps, slowed inside
+        the busy intervals of the chunks issued so far. Returns (start, end)."""
+        start = t = self.t
+        timings = self.timings
+        while self._busy < len(timings) and timings[self._busy].end_s <= t:
+            self._busy += 1
+        k = self._busy
         while work > 0:
-            if k == len(timings):
+            if k == len(timings) or self.slow == 1.0:
                 t += work
                 break
             a, b = timings[k].start_s, timings[k].end_s
@@ -338,19 +318,67 @@ def _interfering_barrier(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tup
                     break
                 work -= a - t
                 t = a
-            if work * slow <= b - t:
-                t += work * slow
+            if work * self.slow <= b - t:
+                t += work * self.slow
                 break
-            work -= (b - t) / slow
+            work -= (b - t) / self.slow
             t = b
             k += 1
-        end[op_id] = t
-        for name in finishes.get(op_id, ()):  # 2.
-            ready[name] = t
-        issue_ready()
-    issue_ready()  # 3.
-    assert len(timings) == len(layout), "every gradient is ready after the last op"
-    return end, timings
+        self.t = t
+        return start, t
+
+    def issue(self, chunk: Chunk, ready_s: Mapping[str, float]) -> ChunkTiming:
+        """Issue ``chunk`` (FIFO): at max(its gradients ready, previous issue), started when the channel is free."""
+        issue = max(max((ready_s[n] for n in chunk.params), default=0.0), self._prev_issue)
+        start = max(issue, self._prev_end)
+        timing = ChunkTiming(chunk=chunk, issue_s=issue, start_s=start, end_s=start + self.cluster.allreduce_s(chunk.nbytes))
+        self.timings.append(timing)
+        self._prev_issue, self._prev_end = issue, timing.end_s
+        return timing
+
+
+class _StepIssuer:
+    """Issues one step's chunks in plan order as soon as every gradient each one overlaps is ready."""
+
+    def __init__(self, machine: _Machine, layout: list[Chunk]) -> None:
+        self.machine, self.layout = machine, layout
+        self.ready: dict[str, float] = {}
+        self.timings: list[ChunkTiming] = []
+
+    def gradients_ready(self, names: list[str] | tuple[str, ...], at: float) -> None:
+        for name in names:
+            self.ready[name] = at
+        while len(self.timings) < len(self.layout) and all(n in self.ready for n in self.layout[len(self.timings)].params):
+            self.timings.append(self.machine.issue(self.layout[len(self.timings)], self.ready))
+
+
+def _finishes(graph: TrainGraph) -> dict[str, list[str]]:
+    """op id -> the parameters whose gradient it finishes."""
+    finishes: dict[str, list[str]] = {}
+    for name, p in graph.params.items():
+        finishes.setdefault(p.grad_op, []).append(name)
+    return finishes
+
+
+def _interfering_barrier(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict[str, float], list[ChunkTiming]]:
+    """Op ends and chunk timings when compute runs ``1/(1 + interference)`` as fast during collectives.
+
+    The ops run in order on a :class:`_Machine`; after each, every next chunk
+    whose gradients are all ready is issued (FIFO).
+    """
+    machine = _Machine(cluster)
+    issuer = _StepIssuer(machine, chunk_layout(graph, plan))
+    finishes = _finishes(graph)
+    end: dict[str, float] = {}
+    issuer.gradients_ready((), 0.0)  # chunks of empty parameters only
+    for op_id in plan.order:
+        op = graph.ops[op_id]
+        if op.phase == "optimizer":
+            continue
+        _, end[op_id] = machine.run(op.duration_s)
+        issuer.gradients_ready(finishes.get(op_id, ()), end[op_id])
+    assert len(issuer.timings) == len(issuer.layout), "every gradient is ready after the last op"
+    return end, issuer.timings
 
 
 def update_costs(graph: TrainGraph) -> dict[str, float]:
@@ -388,54 +416,50 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
     unread = [k for k in range(len(plan.buckets)) if k not in claimed]
     update_s = _update_costs(graph, plan)
     layout = chunk_layout(graph, plan)
+    finishes = _finishes(graph)
+    machine = _Machine(cluster)
 
     events: list[Event] = []
-    t = 0.0
-    channel_free = 0.0
     done_prev: dict[int, float] = {}  # bucket -> end of its collective in the previous step
     step_ends: list[float] = []
     history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []  # (ready, reached, synced)
 
     def apply(k: int, step: int) -> None:
-        nonlocal t
-        if done_prev[k] > t:
-            events.append(Event(track="compute", name=f"wait[bucket{k}]", start_s=t, end_s=done_prev[k],
+        if done_prev[k] > machine.t:
+            events.append(Event(track="compute", name=f"wait[bucket{k}]", start_s=machine.t, end_s=done_prev[k],
                                 step=step, category="wait", bucket=k))
-            t = done_prev[k]
+            machine.t = done_prev[k]
+        start, end = machine.run(update_s[k])
         if update_s[k] > 0:
-            events.append(Event(track="compute", name=f"update[bucket{k}]", start_s=t, end_s=t + update_s[k],
+            events.append(Event(track="compute", name=f"update[bucket{k}]", start_s=start, end_s=end,
                                 step=step, category="optimizer", bucket=k))
-        t += update_s[k]
 
     for step in range(_MAX_STEPS):
-        end: dict[str, float] = {}
+        issuer = _StepIssuer(machine, layout)
+        issuer.gradients_ready((), machine.t)
         reached: dict[int, float] = {}  # bucket -> when the stream reached its first reader
         for op_id in compute_ops:
             if step > 0 and op_id in needs:
-                arrived = t
+                arrived = machine.t
                 for k in needs[op_id]:
                     reached[k] = arrived
                     apply(k, step)
             op = graph.ops[op_id]
-            events.append(Event(track="compute", name=op_id, start_s=t, end_s=t + op.duration_s,
-                                step=step, category=op.phase))
-            t += op.duration_s
-            end[op_id] = t
+            start, end = machine.run(op.duration_s)
+            events.append(Event(track="compute", name=op_id, start_s=start, end_s=end, step=step, category=op.phase))
+            issuer.gradients_ready(finishes.get(op_id, ()), end)
         if step > 0:
-            arrived = t
+            arrived = machine.t
             for k in unread:
                 reached[k] = arrived
                 apply(k, step)
-        step_ends.append(t)
-        ready = {name: end[p.grad_op] for name, p in graph.params.items()}
-        timings = comm_schedule(layout, cluster, ready, channel_free_s=channel_free)
+        step_ends.append(machine.t)
+        timings = issuer.timings
         events += _comm_events(timings, plan, step)
-        if timings:
-            channel_free = timings[-1].end_s
         done_prev = {k: 0.0 for k in range(len(plan.buckets))}
         for c in timings:
             done_prev[c.chunk.bucket] = max(done_prev[c.chunk.bucket], c.end_s)
-        history.append((ready, reached, _synced(timings)))
+        history.append((issuer.ready, reached, _synced(timings)))
         if _converged(step_ends):
             break
 

@@ -160,3 +160,20 @@ def test_interference_slows_the_ops_that_overlap_a_collective(chain3, two_ranks)
     one_bucket = replace(plan, buckets=(Bucket(params=("w2", "w1")),))  # the collective starts after backward
     assert simulate(Problem(graph=chain3, cluster=slowed), one_bucket).iteration_s == pytest.approx(
         simulate(Problem(graph=chain3, cluster=two_ranks), one_bucket).iteration_s)
+
+
+def test_interference_in_overlap_mode_slows_the_next_steps_updates_too(chain3, two_ranks):
+    # per step: fwd, b2 (w2's 2 ms all-reduce starts), b1 at half speed while it runs (ends 2 ms late
+    # minus the 1 ms it overlaps: +1 ms), then w1's 3 ms all-reduce; the next step's update of w2's
+    # bucket (1/6 ms) runs at half speed under w1's transfer, then waits for it: 10 1/3 ms (9 1/3 free)
+    slowed = replace(two_ranks, interference=1.0)
+    problem = Problem(execution="compiled", graph=chain3, cluster=slowed, mode="overlap")
+    plan = make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]])
+    free = simulate(replace(problem, cluster=two_ranks), plan)
+    timeline = simulate(problem, plan)
+    assert free.iteration_s == pytest.approx(28e-3 / 3)
+    assert timeline.iteration_s == pytest.approx(31e-3 / 3)
+    update = next(e for e in timeline.events if e.name == "update[bucket0]" and e.step == 1)
+    assert update.duration_s == pytest.approx(1e-3 / 3)
+    b1 = next(e for e in timeline.events if e.name == "b1" and e.step == 0)
+    assert (b1.start_s, b1.end_s) == (pytest.approx(3e-3), pytest.approx(7e-3))
