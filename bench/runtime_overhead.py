@@ -1,12 +1,16 @@
 """The runtime's cost over torch DDP with the same buckets: two gloo ranks on localhost, steps interleaved.
 
-Each rank holds two copies of the model: one under torch DDP, one under
-``schedopt.runtime.wrap`` with the ``pytorch-ddp`` plan (the buckets DDP
-rebuilds), and runs their steps in ABBA order (so drift hits both alike),
-one compute thread per rank. A step (zero_grad, forward, backward, SGD step)
-counts as long as the slower rank's. It prints, per model, both medians,
-their ratio and the median of the per-pair ratios; ``--json FILE`` writes
-them. ``--startup MODEL`` also times ``wrap`` itself on that model (the
+Each rank holds three copies of the model: one under torch DDP, and two
+under ``schedopt.runtime.wrap`` with the buckets DDP rebuilds (the
+``pytorch-ddp`` plan), one in ``barrier`` mode and one in ``overlap`` mode
+(its optimizer through ``wrap_optimizer``). It runs their steps in
+ABC CBA order (so drift hits all alike), one compute thread per rank. A step
+(zero_grad, forward, backward, SGD step) counts as long as the slower
+rank's; an overlap step also ends with ``flush()``, so that it pays for its
+own communication and the machinery of deferring (hooks, requests, per-bucket
+optimizer calls) is all that differs from barrier mode. It prints, per model,
+the medians, the ratios to DDP and of overlap to barrier, and the median of
+the per-step ratios; ``--json FILE`` writes them. ``--startup MODEL`` also times ``wrap`` itself on that model (the
 agreement check, the broadcast of parameters and buffers, the bucket
 buffers, the hooks), the slower rank's.
 
@@ -68,7 +72,7 @@ def worker(model_name: str, steps: int, out: str) -> None:
 
     from schedopt import Cluster, Problem
     from schedopt.importers import from_torch
-    from schedopt.runtime import wrap
+    from schedopt.runtime import wrap, wrap_optimizer
     from schedopt.solvers import get
 
     torch.set_num_threads(1)
@@ -77,11 +81,13 @@ def worker(model_name: str, steps: int, out: str) -> None:
     torch.manual_seed(0)
     model, example, loss_fn = load(model_name, None)
     graph = from_torch(model, example, loss_fn=loss_fn, name=model_name)
-    plan = get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=world)))
-    copies = {"ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model)), "schedopt": wrap(model, plan)}
-    optimizers = {k: torch.optim.SGD(m.parameters(), lr=0.01) for k, m in copies.items()}
+    cluster = Cluster.preset("10gbe", world_size=world)
+    plans = {mode: get("pytorch-ddp")(Problem(graph=graph, cluster=cluster, mode=mode)) for mode in ("barrier", "overlap")}
+    copies = {"ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model)),
+              "barrier": wrap(copy.deepcopy(model), plans["barrier"]), "overlap": wrap(model, plans["overlap"])}
+    optimizers = {k: wrap_optimizer(torch.optim.SGD(m.parameters(), lr=0.01), m) for k, m in copies.items()}
     generator = torch.Generator().manual_seed(rank)
-    times: dict[str, list[float]] = {"ddp": [], "schedopt": []}
+    times: dict[str, list[float]] = {k: [] for k in copies}
 
     def step(kind: str) -> float:
         x = batch(example, generator, torch.device("cpu"))
@@ -89,12 +95,15 @@ def worker(model_name: str, steps: int, out: str) -> None:
         optimizers[kind].zero_grad(set_to_none=True)
         loss_fn(copies[kind](*x), *x).backward()
         optimizers[kind].step()
+        getattr(copies[kind], "flush", lambda: None)()
         return time.perf_counter() - started
 
     for _ in range(2):  # warm-up; DDP rebuilds its buckets after its first
-        step("ddp"), step("schedopt")
+        for kind in copies:
+            step(kind)
+    order = list(copies)
     for i in range(steps):
-        for kind in (("ddp", "schedopt") if i % 2 == 0 else ("schedopt", "ddp")):
+        for kind in (order if i % 2 == 0 else order[::-1]):
             times[kind].append(step(kind))
     gathered: list = [None] * world
     dist.all_gather_object(gathered, times)
@@ -124,16 +133,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         os._exit(0)  # past gloo's teardown, which aborts now and then in torch 2.13 (see examples/train.py)
     rows = []
-    print(f"{'model':10s} {'ddp ms':>9s} {'schedopt ms':>12s} {'ratio':>7s} {'pair ratio':>11s}")
+    print(f"{'model':10s} {'ddp ms':>9s} {'barrier ms':>11s} {'overlap ms':>11s} {'barrier/ddp':>12s} "
+          f"{'overlap/barrier':>16s} {'(per step)':>11s}")
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         times = _on_two_ranks("--worker", model, str(args.steps))
         if times is None:
             return 1
-        ddp, ours = statistics.median(times["ddp"]), statistics.median(times["schedopt"])
-        pair = statistics.median(o / d for o, d in zip(times["schedopt"], times["ddp"]))
-        rows.append({"model": model, "ddp_median_s": ddp, "schedopt_median_s": ours, "ratio": ours / ddp,
-                     "pair_ratio_median": pair, "num_steps": len(times["ddp"])})
-        print(f"{model:10s} {ddp * 1e3:9.1f} {ours * 1e3:12.1f} {ours / ddp:7.3f} {pair:11.3f}", flush=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        pair = {f"{a}/{b}": statistics.median(x / y for x, y in zip(times[a], times[b]))
+                for a, b in (("barrier", "ddp"), ("overlap", "barrier"), ("overlap", "ddp"))}
+        rows.append({"model": model, "ddp_median_s": med["ddp"], "schedopt_median_s": med["barrier"],
+                     "overlap_median_s": med["overlap"], "ratio": med["barrier"] / med["ddp"],
+                     "overlap_over_barrier": med["overlap"] / med["barrier"], "pair_ratio_medians": pair,
+                     "pair_ratio_median": pair["barrier/ddp"], "num_steps": len(times["ddp"])})
+        print(f"{model:10s} {med['ddp'] * 1e3:9.1f} {med['barrier'] * 1e3:11.1f} {med['overlap'] * 1e3:11.1f} "
+              f"{med['barrier'] / med['ddp']:12.3f} {med['overlap'] / med['barrier']:16.3f} "
+              f"{pair['overlap/barrier']:11.3f}", flush=True)
     if args.startup != "none":
         startup = _on_two_ranks("--startup-worker", args.startup)
         if startup is None:

@@ -12,19 +12,24 @@ What it does (as root; everything it creates is removed however it exits):
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
    profiling at once (as they compute at once when training).
 4. ``schedopt compare --execution eager`` with every solver for the
-   calibrated cluster: the plans and their predictions.
-5. For each of ``--rounds`` rounds, each mode once (``ddp``: torch DDP;
-   ``barrier``: the best predicted plan, by ``SCHEDOPT_PLAN``), each run
-   ``--steps`` measured steps after warm-up (``examples/train.py``). A step's
-   time is the slower rank's. Medians over every measured step, and the
-   median over rounds of DDP's round median over the mode's (the speedup).
+   calibrated cluster, in barrier mode and (with ``overlap`` in ``--modes``)
+   in overlap mode: the plans and their predictions.
+5. For each of ``--rounds`` rounds, each mode once, in alternating order
+   (``ddp``: torch DDP; ``barrier`` and ``overlap``: that mode's best
+   predicted plan, by ``SCHEDOPT_PLAN``), each run ``--steps`` measured steps
+   after warm-up (``examples/train.py``, start to start). A step's time is the
+   slower rank's. Medians over every measured step, and the median over
+   rounds of DDP's round median over the mode's (the speedup).
 
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
 ``predicted_s``, ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
-simulator's, for that plan), and the calibration.
+simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
+``max(compute, comm)`` of the profiled graph on the calibrated cluster) and
+the calibration.
 
-    sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 400mbit --json tb.json
+    sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 550mbit \
+        --modes ddp,barrier,overlap --json tb.json
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
-MODES = ("ddp", "barrier")
+MODES = ("ddp", "barrier", "overlap")
 
 
 class TestbedError(Exception):
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> list[dict]:
-    from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
+    from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
 
     def left() -> float:
         if (rest := deadline - time.monotonic()) <= 0:
@@ -236,16 +241,23 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     graph_file = work / "graph.json"
     profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
     graph = TrainGraph.load(graph_file)
-    # 4. plan with every solver
-    plans_dir = work / "plans"
-    rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
-                             "--execution", "eager", "--time-limit", f"{args.solve_time}s", "--format", "json",
-                             "--out", str(plans_dir), timeout_s=min(args.solve_time * 3 + 120, left()))
-    compared = json.loads(rows_json)["rows"]
-    best = min(compared, key=lambda r: r["iteration_s"])
-    print("planned: " + ", ".join(f"{r['solver']} {r['iteration_s'] * 1e3:.0f} ms" for r in compared)
-          + f"; best {best['solver']}")
-    plan_of = {"ddp": plans_dir / "pytorch-ddp.plan.json", "barrier": plans_dir / f"{best['solver']}.plan.json"}
+    # 4. plan with every solver, in each mode measured
+    plan_of: dict[str, Path] = {}
+    for mode in ("barrier", "overlap"):
+        if mode != "barrier" and mode not in modes:
+            continue
+        plans_dir = work / f"plans-{mode}"
+        rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
+                                 "--mode", mode, "--execution", "eager", "--time-limit", f"{args.solve_time}s",
+                                 "--format", "json", "--out", str(plans_dir),
+                                 timeout_s=min(args.solve_time * 3 + 120, left()))
+        compared = json.loads(rows_json)["rows"]
+        best = min(compared, key=lambda r: r["iteration_s"])
+        print(f"planned ({mode}): " + ", ".join(f"{r['solver']} {r['iteration_s'] * 1e3:.0f} ms" for r in compared)
+              + f"; best {best['solver']}")
+        plan_of[mode] = plans_dir / f"{best['solver']}.plan.json"
+        if mode == "barrier":
+            plan_of["ddp"] = plans_dir / "pytorch-ddp.plan.json"
     # 5. interleaved runs
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
     for round_ in range(args.rounds):
@@ -259,10 +271,11 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             steps[mode].append(json.loads(out.read_text())["step_s"])
             print(f"  round {round_} {mode:8s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
     # 6. rows
+    bound = lower_bound(Problem(graph=graph, cluster=cluster, mode="overlap"))  # max(compute, comm)
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
-        timeline = simulate(Problem(graph=graph, cluster=cluster, mode="barrier"), plan)
+        timeline = simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode), plan)
         flat = [t for run_ in steps[mode] for t in run_]
         ratios = [statistics.median(d) / statistics.median(m) for d, m in zip(steps["ddp"], steps[mode])]
         rows.append({
@@ -270,6 +283,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
             "measured_max_s": max(flat), "num_steps": len(flat),
             "predicted_s": timeline.iteration_s, "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
+            "bound_s": bound,
             "speedup_vs_ddp": statistics.median(ratios),
             "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
@@ -279,12 +293,13 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
 
 def print_table(rows: list[dict]) -> None:
     head = f"{'mode':8s} {'solver':14s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'predicted':>10s} " \
-           f"{'error':>7s} {'compute':>8s} {'comm':>8s} {'speedup':>8s}"
+           f"{'error':>7s} {'compute':>8s} {'comm':>8s} {'bound':>8s} {'speedup':>8s}"
     print(head)
     for r in rows:
         print(f"{r['mode']:8s} {r['solver']:14s} {r['measured_median_s'] * 1e3:10.1f} {r['measured_min_s'] * 1e3:8.1f} "
               f"{r['measured_max_s'] * 1e3:8.1f} {r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
-              f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['speedup_vs_ddp']:8.3f}")
+              f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
+              f"{r['speedup_vs_ddp']:8.3f}")
 
 
 if __name__ == "__main__":

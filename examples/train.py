@@ -12,8 +12,12 @@ Across machines it is plain torchrun, the same command on every node:
         --master-addr HOST0 --master-port 29500 examples/train.py resnet18
 
 MODEL is an example model's name (``examples/models.py``) or ``path/to/file.py:factory``.
-Each rank draws its own batches, shaped like the factory's example inputs. Every rank
-times its steps; a step's time is the slowest rank's (``--json`` writes them all).
+Each rank draws its own batches (before timing), shaped like the factory's example inputs.
+Every rank times its steps from one step's start to the next (an overlap plan's
+communication ends in the next step's forward; one more step runs after the last measured
+one, so that each measured step is a steady-state one); a step's time is the slowest rank's
+(``--json`` writes them all, and in overlap mode how long rank 0's forward waited for the
+network in each step).
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
 """
 
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from schedopt.errors import SchedoptError
-    from schedopt.runtime import wrap
+    from schedopt.runtime import wrap, wrap_optimizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -89,26 +93,34 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ddp_model = wrap(model)
         kind = "ddp" if isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel) else "schedopt"
-        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr)
+        # the user's own optimizer; with an overlap plan it steps per bucket, where the next forward reads
+        optimizer = wrap_optimizer(torch.optim.SGD(ddp_model.parameters(), lr=args.lr), ddp_model)
         generator = torch.Generator().manual_seed(1000 + rank)
-        times: list[float] = []
-        for step in range(args.warmup + args.steps):
-            x = batch(example, generator, device)
+        # one step more than measured: the last measured step ends where the next begins
+        batches = [batch(example, generator, device) for _ in range(args.warmup + args.steps + 1)]
+        marks: list[float] = []  # when each measured step began, and the step after the last
+        waits: list[float] = []  # overlap mode: time the forward waited for the network, per step
+        for step, x in enumerate(batches):
             if cuda:
                 torch.cuda.synchronize()
-            started = time.perf_counter()
+            if step >= args.warmup:
+                marks.append(time.perf_counter())
+            if step == len(batches) - 1:
+                break
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(ddp_model(*x), *x)
             loss.backward()
             optimizer.step()
-            if cuda:
-                torch.cuda.synchronize()
-            elapsed = time.perf_counter() - started
-            if step >= args.warmup:
-                times.append(elapsed)
+            deferred = getattr(ddp_model, "deferred", None)
+            if deferred is not None and step >= args.warmup:
+                waits.append(sum(s.wait_s for s in deferred.settled))
             if rank == 0 and not args.quiet:
                 label = "warm-up" if step < args.warmup else "step"
-                print(f"{label} {step:3d}  {elapsed * 1e3:8.1f} ms  loss {loss.item():.4f}", flush=True)
+                print(f"{label} {step:3d}  loss {loss.item():.4f}", flush=True)
+        getattr(ddp_model, "flush", lambda: None)()  # overlap mode: the last step's updates
+        # a step is the time from its start to the next one's: in overlap mode a step's
+        # communication ends inside the next step's forward
+        times = [b - a for a, b in zip(marks, marks[1:])]
         gathered: list = [None] * world
         dist.all_gather_object(gathered, times)
         slowest = [max(ts) for ts in zip(*gathered)]
@@ -120,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps({
                     "kind": kind, "model": args.model, "plan": plan, "world_size": world,
-                    "step_s": slowest, "rank_step_s": gathered, "median_s": median,
+                    "step_s": slowest, "rank_step_s": gathered, "median_s": median, "rank0_wait_s": waits,
                 }, indent=1))
     except SchedoptError as exc:
         print(f"train.py: rank {rank}: {exc}", file=sys.stderr)

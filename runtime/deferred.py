@@ -35,6 +35,7 @@ and step (clipping by the global norm, LBFGS) needs ``barrier`` mode.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -65,6 +66,8 @@ class Settled:
     where: str  # "forward:<module>", "backward", "forward-end" or "flush"
     waited: bool  # some collective of the bucket was still running when the settle began
     steps: int  # optimizer steps applied
+    wait_s: float  # host time spent waiting for the collectives (on CUDA: enqueueing the wait)
+    apply_s: float  # host time spent in the optimizer steps
 
 
 @dataclass
@@ -157,16 +160,19 @@ class DeferredUpdates:
     def settle(self, k: int, where: str) -> None:
         """Wait for bucket ``k``'s collectives, then apply its requested steps with the averaged gradients."""
         bucket = self.buckets[k]
+        started = time.perf_counter()
         waited = any(not w.is_completed() for w in bucket.works)
         for work in bucket.works:
             work.wait()
         bucket.works = []
+        arrived = time.perf_counter()
         requests, bucket.requests = bucket.requests, []
         if requests:
             grads = [(p, None if name in self.unused else self.layout.views[name]) for name, p in bucket.members]
             for request in requests:
                 request.driver.apply(grads, request.hyper)
-        self.settled.append(Settled(bucket=k, where=where, waited=waited, steps=len(requests)))
+        self.settled.append(Settled(bucket=k, where=where, waited=waited, steps=len(requests),
+                                    wait_s=arrived - started, apply_s=time.perf_counter() - arrived))
 
     def flush(self) -> None:
         """Settle every bucket: no collective in flight, no step pending."""
