@@ -183,9 +183,3 @@ class DeferredUpdates:
     @property
     def pending(self) -> bool:
         return any(b.pending for b in self.buckets)
-
-    def remove_hooks(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
-

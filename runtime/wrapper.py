@@ -19,7 +19,8 @@ What one synchronized step does (``barrier`` mode):
    with DDP, and equals DDP's bit for bit on 2 ranks.
 
 In ``overlap`` mode steps 1 and 2 are the same (the buffers travel
-asynchronously, :mod:`~schedopt.runtime.broadcast`); step 3 checks unused
+asynchronously, :mod:`~schedopt.runtime.broadcast`; on gloo the collectives
+go one at a time, :mod:`~schedopt.runtime.channel`); step 3 checks unused
 parameters and returns with the collectives in flight, and each bucket's
 wait and optimizer step move to where the next forward first reads it
 (:mod:`~schedopt.runtime.deferred`, :func:`~schedopt.runtime.wrap_optimizer`).
@@ -44,6 +45,7 @@ from schedopt.plan import Plan
 from .agreement import check_agreement
 from .broadcast import BufferBroadcast, broadcast_states
 from .buckets import BucketLayout
+from .channel import FifoChannel
 from .deferred import DeferredUpdates
 
 __all__ = ["ScheduledDataParallel", "wrap", "PLAN_ENV"]
@@ -130,8 +132,11 @@ class ScheduledDataParallel(nn.Module):
         #: overlap mode's in-flight collectives and pending steps (None in barrier mode)
         self.deferred: DeferredUpdates | None = None
         self._buffer_broadcast: BufferBroadcast | None = None
+        self._channel: FifoChannel | None = None
         if plan.mode == "overlap":
             self.deferred = DeferredUpdates(module, self._params, self.layout)
+            if dist.get_backend(process_group) == "gloo" and self.world_size > 1:
+                self._channel = FifoChannel(process_group)  # gloo runs collectives side by side
             if self._buffers_to_sync and self.world_size > 1:
                 self._buffer_broadcast = BufferBroadcast(self._buffers_to_sync, process_group)
             module.register_state_dict_pre_hook(lambda *_: self.flush())
@@ -249,7 +254,10 @@ class ScheduledDataParallel(nn.Module):
                 stream = torch.cuda.current_stream()
                 for name in collectives[c].params:
                     stream.wait_event(self._events[name])
-            work = dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True)
+            if self._channel is not None:
+                work = self._channel.all_reduce(self.layout.slice(c))
+            else:
+                work = dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True)
             if self.deferred is None:
                 self._works.append(work)
             else:
