@@ -25,8 +25,9 @@ Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
 ``predicted_s``, ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
-``max(compute, comm)`` of the profiled graph on the calibrated cluster) and
-the calibration.
+``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
+overlap mode the forward's measured and predicted waits per step, and the
+calibration.
 
     sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 550mbit \
         --modes ddp,barrier,overlap --json tb.json
@@ -174,11 +175,11 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="examples/models.py:resnet18", help="path/to/file.py:factory")
-    parser.add_argument("--rate", default="400mbit", help="tbf rate on each veth end (tc units), or none")
+    parser.add_argument("--rate", default="550mbit", help="tbf rate on each veth end (tc units), or none")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring, per run (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every mode (default 2)")
-    parser.add_argument("--modes", default="ddp,barrier", help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--modes", default="ddp,barrier,overlap", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--solve-time", type=float, default=30.0, help="cpsat's time limit in seconds")
     parser.add_argument("--time-limit", type=float, default=1800.0, help="the whole bench, in seconds")
@@ -260,6 +261,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             plan_of["ddp"] = plans_dir / "pytorch-ddp.plan.json"
     # 5. interleaved runs
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
+    waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             out = work / f"{mode}.{round_}.json"
@@ -268,7 +270,9 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             launch(link, [str(TRAIN), args.model, *extra, "--steps", str(args.steps), "--warmup", str(args.warmup),
                           "--threads", "1", "--quiet", "--json", str(out), *batch],
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
-            steps[mode].append(json.loads(out.read_text())["step_s"])
+            measured = json.loads(out.read_text())
+            steps[mode].append(measured["step_s"])
+            waits[mode] += measured.get("rank0_wait_s", [])
             print(f"  round {round_} {mode:8s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
     # 6. rows
     bound = lower_bound(Problem(graph=graph, cluster=cluster, mode="overlap"))  # max(compute, comm)
@@ -284,11 +288,19 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "measured_max_s": max(flat), "num_steps": len(flat),
             "predicted_s": timeline.iteration_s, "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
+            "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
+            "predicted_wait_s": _steady_waits(timeline) if plan.mode == "overlap" else None,
             "speedup_vs_ddp": statistics.median(ratios),
             "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
+
+
+def _steady_waits(timeline) -> float:
+    """The simulated time the forward waits for the network in one steady-state step (overlap mode)."""
+    step = timeline.num_steps - 2
+    return sum(e.duration_s for e in timeline.events if e.category == "wait" and e.step == step)
 
 
 def print_table(rows: list[dict]) -> None:
@@ -300,6 +312,10 @@ def print_table(rows: list[dict]) -> None:
               f"{r['measured_max_s'] * 1e3:8.1f} {r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
               f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
               f"{r['speedup_vs_ddp']:8.3f}")
+    for r in rows:
+        if r.get("measured_wait_median_s") is not None:
+            print(f"{r['mode']}: the forward waited {r['measured_wait_median_s'] * 1e3:.1f} ms per step for the network "
+                  f"(median, rank 0; predicted {r['predicted_wait_s'] * 1e3:.1f} ms)")
 
 
 if __name__ == "__main__":

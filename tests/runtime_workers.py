@@ -389,3 +389,22 @@ def overlap_contract(rank: int, world: int, plan) -> dict[str, Any]:
         except UnsupportedOptimizerError as exc:
             out[label] = str(exc)
     return out
+
+
+def fifo_channel(rank: int, world: int) -> dict[str, Any]:
+    """Queue a large all-reduce, then small ones, on a FifoChannel; sample completion order while they run."""
+    from schedopt.runtime.channel import FifoChannel
+
+    channel = FifoChannel()
+    tensors = [torch.full((4 << 20,), float(rank + 1)), torch.full((8,), float(rank + 1)),
+               torch.full((16,), float(rank + 1))]
+    transfers = [channel.all_reduce(t) for t in tensors]
+    out_of_order = False
+    while not all(t.is_completed() for t in transfers):
+        done = [t.is_completed() for t in transfers]
+        out_of_order |= any(done[j] and not done[i] for i in range(3) for j in range(i + 1, 3))
+    for t in transfers:
+        t.wait()
+    channel.close()
+    expected = float(sum(range(1, world + 1)))
+    return {"out_of_order": out_of_order, "sums_right": all(bool((t == expected).all()) for t in tensors)}

@@ -95,3 +95,8 @@ def test_wrap_optimizer_leaves_optimizers_of_other_models_alone():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = opt.step
     assert wrap_optimizer(opt, model) is opt and opt.step == step
+
+
+def test_the_gloo_fifo_channel_completes_in_issue_order_with_the_right_sums():
+    for r in run_ranks(workers.fifo_channel, 2):
+        assert r["sums_right"] and not r["out_of_order"]
