@@ -401,7 +401,7 @@ def fifo_channel(rank: int, world: int) -> dict[str, Any]:
     transfers = [channel.all_reduce(t) for t in tensors]
     out_of_order = False
     while not all(t.is_completed() for t in transfers):
-        done = [t.is_completed() for t in transfers]
+        done = [t.is_completed() for t in reversed(transfers)][::-1]  # later ones first: no false alarm
         out_of_order |= any(done[j] and not done[i] for i in range(3) for j in range(i + 1, 3))
     for t in transfers:
         t.wait()
