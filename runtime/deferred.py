@@ -10,7 +10,8 @@ with their averaged gradients) at the first of:
 1. the forward pre-hook of a module that owns one of its parameters (a
    parameter registered in two modules, such as a tied embedding, settles
    where it is first read): the simulator's "update right before the first
-   forward op that reads it";
+   forward op that reads it" (a module that reads its own parameters at
+   several points of its forward waits for all of them at its start);
 2. the next backward about to write a gradient into the bucket's buffer;
 3. the end of the wrapped forward, for buckets whose modules did not run
    (said once in a warning: a parameter read by another module than its own
