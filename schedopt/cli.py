@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
-from .io import write_json_atomic, write_text_atomic
+from .io import check_output_dir, check_output_file, write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_kind
 from .plan import PLAN_SCHEMA, Plan
 from .problem import EXECUTIONS, MODES, Problem
@@ -247,16 +247,21 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(path: str) -> None:
-    """Refuse, before any work, an output path that cannot be written."""
-    import os
+#: The options that name a file a command writes; ``--out`` names a directory.
+_FILE_OUTPUTS = ("output", "trace", "gantt", "plot")
 
-    target = Path(path)
-    if not path or target.is_dir():
-        raise SchedoptError(f"output {path!r} is not a file path")
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise SchedoptError(f"cannot write {path!r}: {str(parent)!r} is not a writable directory")
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, outputs that cannot be written or would overwrite the command's inputs."""
+    inputs = tuple(str(v).split(".py:")[0] + ".py" if ".py:" in str(v) else str(v)
+                   for v in (getattr(args, "model", None), getattr(args, "plan", None), getattr(args, "cluster", None))
+                   if v)
+    for name in _FILE_OUTPUTS:
+        value = getattr(args, name, None)
+        if value is not None:
+            check_output_file(value, inputs=inputs, what=f"--{name}")
+    if getattr(args, "out", None) is not None:
+        check_output_dir(args.out)
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -265,7 +270,6 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise SchedoptError("calibrate measures the real process group: run it under torchrun "
                             "(torchrun --nproc-per-node 2 -m schedopt calibrate -o cluster.json)")
-    _check_writable(args.output)
     from .runtime.calibrate import calibrate_launched
 
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
@@ -520,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_outputs(args)
         return int(args.run(args))
     except SchedoptError as exc:
         print(f"schedopt: error: {exc}", file=sys.stderr)

@@ -10,7 +10,8 @@ from typing import Any
 
 from .errors import SchedoptError
 
-__all__ = ["read_json", "write_text_atomic", "write_json_atomic"]
+__all__ = ["read_json", "write_text_atomic", "write_json_atomic", "destination", "temporary_beside", "publish",
+           "check_output_file", "check_output_dir"]
 
 
 def read_json(path: str | os.PathLike[str], *, what: str, error: type[SchedoptError]) -> Any:
@@ -32,20 +33,100 @@ def read_json(path: str | os.PathLike[str], *, what: str, error: type[SchedoptEr
         ) from None
 
 
+def destination(path: str | os.PathLike[str]) -> Path:
+    """Where writing ``path`` lands: through a symbolic link to its target; never onto a non-regular file.
+
+    Raises:
+        SchedoptError: the path is empty, a directory, or a device, FIFO or socket (``-o /dev/null``
+            must not replace the system's ``/dev/null`` with a regular file).
+    """
+    if not str(path):
+        raise SchedoptError("an output path is empty")
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise SchedoptError(f"output {str(path)!r} is a directory, not a file path")
+    if target.exists() and not target.is_file():
+        raise SchedoptError(f"output {str(path)!r} is a device, FIFO or socket; schedopt writes regular files only")
+    return target
+
+
+def temporary_beside(target: Path, suffix: str = "") -> tuple[int, str]:
+    """A new, uniquely named temporary file in ``target``'s directory (made if missing): ``(fd, path)``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+
+
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so no reader sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    """Write ``text`` to ``path`` through a temporary file and a rename, so no reader sees half a file.
+
+    A symbolic link is written through (its target is replaced); the temporary file is removed on
+    every failure.
+    """
+    target = destination(path)
+    fd, tmp = temporary_beside(target)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
+        publish(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
+
+
+def publish(tmp: str, target: Path) -> None:
+    """Give a finished temporary file the usual mode (mkstemp makes 0600) and rename it over ``target``."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, target)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _first_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
     return path
+
+
+def _check_parent(path: str, target: Path) -> None:
+    anchor = _first_existing(target.parent)
+    if not anchor.is_dir():
+        raise SchedoptError(f"cannot write {path!r}: {str(anchor)!r} is a file, not a directory")
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise SchedoptError(f"cannot write {path!r}: {str(anchor)!r} is not a writable directory")
+
+
+def check_output_file(path: str, *, inputs: tuple[str, ...] = (), what: str = "output") -> None:
+    """Refuse, before any work, a file output that cannot be written or whose writing would destroy an input.
+
+    Raises:
+        SchedoptError: see :func:`destination`; or the place is not a writable directory (a path
+            below a regular file, a read-only directory); or the path is also one of ``inputs``.
+    """
+    target = destination(path)
+    _check_parent(path, target)
+    for source in inputs:
+        if source and (_same_file(target, Path(source)) or target == Path(os.path.realpath(source))):
+            raise SchedoptError(f"{what} {path!r} is also an input of this command; write elsewhere")
+
+
+def check_output_dir(path: str, *, what: str = "--out") -> None:
+    """Refuse, before any work, an output directory that is a file or cannot be made or written."""
+    if not path:
+        raise SchedoptError(f"{what} is empty")
+    target = Path(os.path.realpath(path))
+    if target.exists() and not target.is_dir():
+        raise SchedoptError(f"{what} {path!r} is a file, not a directory")
+    anchor = _first_existing(target)
+    if not anchor.is_dir():
+        raise SchedoptError(f"cannot write into {path!r}: {str(anchor)!r} is a file, not a directory")
+    if not os.access(anchor, os.W_OK | os.X_OK):
+        raise SchedoptError(f"cannot write into {path!r}: {str(anchor)!r} is not a writable directory")
 
 
 def _umask() -> int:

@@ -50,10 +50,18 @@ def write_sweep_plot(rows: Sequence[dict[str, Any]], path: str | os.PathLike[str
 
 def save_figure(fig: Any, path: str | os.PathLike[str]) -> None:
     """Write a figure as PNG through a temporary file and a rename, then close it."""
+    from .io import destination, publish, temporary_beside
+
     plt = pyplot()
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
+    target = destination(path)
+    fd, tmp = temporary_beside(target, suffix=".png")  # unique: two writers of one chart do not collide
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            fig.savefig(handle, dpi=120, format="png")
+        publish(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)

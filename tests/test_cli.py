@@ -115,3 +115,70 @@ def test_sweep_writes_csv_json_and_plot(tmp_path, graph_file, capsys):
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["sweep", str(graph_file), "--bandwidths", "fast"]) == 2
     assert "bad bandwidth 'fast'" in capsys.readouterr().err
+
+
+def _snapshot(root) -> dict:
+    """Every entry below ``root``: kind, and size and mtime of regular files (what a refusal must not change)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            out[str(path)] = ("link", str(path.readlink()))
+        elif path.is_file():
+            out[str(path)] = ("file", path.stat().st_size, path.stat().st_mtime_ns)
+        else:
+            out[str(path)] = ("other", path.is_dir())
+    return out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "{graph}"], "also an input"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "--cluster", "{cluster}", "-o", "{cluster}"], "also an input"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "/dev/null"], "device, FIFO or socket"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "{fifo}"], "device, FIFO or socket"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "{fifo_link}"], "device, FIFO or socket"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "{afile}/plan.json"], "is a file, not a directory"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "{afile}/deeper/plan.json"], "is a file, not a directory"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", ""], "output path is empty"),
+    (["plan", "{graph}", "--solver", "pytorch-ddp", "-o", "{dir}"], "is a directory"),
+    (["import", "{factory}:make", "-o", "{factory}"], "also an input"),
+    (["simulate", "{plan}", "{graph}", "--trace", "{plan}"], "also an input"),
+    (["simulate", "{plan}", "{graph}", "--trace", "/dev/null"], "device, FIFO or socket"),
+    (["simulate", "{plan}", "{graph}", "--gantt", "{afile}/g.png"], "is a file, not a directory"),
+    (["simulate", "{plan}", "{graph}", "--gantt", "{dir}"], "is a directory"),
+    (["compare", "{graph}", "--solvers", "pytorch-ddp", "--out", "{afile}"], "is a file, not a directory"),
+    (["compare", "{graph}", "--solvers", "pytorch-ddp", "--out", "{afile}/sub"], "is a file, not a directory"),
+    (["compare", "{graph}", "--solvers", "pytorch-ddp", "--out", ""], "--out is empty"),
+    (["sweep", "{graph}", "--solvers", "pytorch-ddp", "--out", "{afile}"], "is a file, not a directory"),
+    (["sweep", "{graph}", "--solvers", "pytorch-ddp", "--plot", "{graph}"], "also an input"),
+])
+def test_bad_outputs_are_refused_before_any_work_and_touch_nothing(tmp_path, graph_file, capsys, args, message):
+    import os
+
+    from schedopt import Cluster
+
+    work = tmp_path / "work"
+    (work / "dir").mkdir(parents=True)
+    plan = work / "plan.json"
+    assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "-o", str(plan)]) == 0
+    Cluster.preset("10gbe", world_size=4).save(work / "cluster.json")
+    (work / "afile").write_text("a regular file")
+    (work / "m.py").write_text("raise SystemExit('never imported')\n")
+    os.mkfifo(work / "fifo")
+    (work / "fifo_link").symlink_to(work / "fifo")
+    names = {"graph": graph_file, "plan": plan, "cluster": work / "cluster.json", "afile": work / "afile",
+             "factory": work / "m.py", "fifo": work / "fifo", "fifo_link": work / "fifo_link", "dir": work / "dir"}
+    before, null_before = _snapshot(tmp_path), os.stat("/dev/null")
+    capsys.readouterr()
+    assert main([a.format(**names) for a in args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+    assert _snapshot(tmp_path) == before
+    assert os.stat("/dev/null").st_rdev == null_before.st_rdev and not os.path.isfile("/dev/null")
+
+
+def test_a_symlinked_output_is_written_through_and_the_link_kept(tmp_path, graph_file):
+    link = tmp_path / "latest.json"
+    link.symlink_to(tmp_path / "plans" / "v1.json")
+    assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "-o", str(link)]) == 0
+    assert link.is_symlink() and json.loads((tmp_path / "plans" / "v1.json").read_text())["schema"]
+    assert [p.name for p in (tmp_path / "plans").iterdir()] == ["v1.json"]  # no temporary left behind
