@@ -25,9 +25,11 @@ test: setup
 demo: setup
 	mkdir -p $(OUT)
 	$(VENV)/bin/schedopt import examples/models.py:resnet50 --device a100 -o $(OUT)/graph.json
-	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver pytorch-ddp --network 10gbe --world-size 8 -o $(OUT)/plan.json
+	# where scheduling matters: 8 ranks on 100 GbE, the next forward overlapping this step's all-reduces
+	$(VENV)/bin/schedopt plan $(OUT)/graph.json --solver cpsat --mode overlap --network 100gbe --world-size 8 --time-limit 20 -o $(OUT)/plan.json
 	$(VENV)/bin/schedopt simulate $(OUT)/plan.json $(OUT)/graph.json --trace $(OUT)/trace.json --gantt $(OUT)/gantt.png
-	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --network 10gbe --world-size 8 --time-limit 30
+	$(VENV)/bin/schedopt compare $(OUT)/graph.json --solvers all --mode overlap --network 100gbe --world-size 8 --time-limit 30 --out $(OUT)/compare
+	cp $(OUT)/compare/compare.png $(OUT)/compare.png
 	# the plan applied: two gloo ranks on localhost train gpt_tied, with DDP and with the plan
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt calibrate --max-size 16MiB --time-limit 15s -o $(OUT)/cluster.json
 	OMP_NUM_THREADS=1 $(VENV)/bin/schedopt profile examples/models.py:gpt_tied --iterations 3 -o $(OUT)/train_graph.json

@@ -344,7 +344,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         quiet = not _show_progress(args)
         return items if quiet else _progress_bar(items)
 
-    rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=save)
+    plans: dict[str, Plan] = {}
+
+    def keep(name: str, plan: Plan) -> None:
+        plans[name] = plan
+        save(name, plan)
+
+    rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=keep)
     if args.format == "json":
         print(json.dumps(comparison_json(problem, rows), indent=2))
     elif args.format == "csv":
@@ -356,7 +362,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if out is not None:
         write_json_atomic(out / "compare.json", comparison_json(problem, rows))
         write_text_atomic(out / "compare.csv", format_csv(rows))
+        _write_comparison_chart(problem, plans, rows, out / "compare.png")
     return 0
+
+
+def _write_comparison_chart(problem: Problem, plans: dict[str, Plan], rows: list[dict[str, Any]], path: Path) -> None:
+    """DDP's timeline above the best plan's, on one time axis."""
+    from dataclasses import replace
+
+    from .report import BASELINE
+    from .simulate import simulate
+    from .trace import write_gantt_comparison
+
+    best = min(rows, key=lambda r: r["iteration_s"])["solver"]
+    shown = [name for name in dict.fromkeys([BASELINE, best]) if name in plans]
+    problems = {name: replace(problem, mode="barrier") if name == BASELINE else problem for name in shown}
+    write_gantt_comparison([(f"{problem.graph.name} / {name}", simulate(problems[name], plans[name])) for name in shown],
+                           path)
 
 
 def _show_progress(args: argparse.Namespace) -> bool:

@@ -18,8 +18,19 @@ one object per solver. The keys of a row are stable; scripts parse them:
 ``compute_s``             forward + backward + optimizer time
 ``num_buckets``           number of buckets (collectives before chunking)
 ``solve_time_s``          wall-clock time the solver took
-``speedup_vs_ddp``        ``pytorch-ddp`` iteration time / this iteration time
+``speedup_vs_ddp``        DDP's iteration time / this iteration time; DDP is
+                          the ``pytorch-ddp`` plan in ``barrier`` mode, as
+                          torch runs it, in every mode
+``perfect_overlap_s``     ``max(compute, comm)``: no plan in any mode is faster
+                          (compute, and one all-reduce of every byte)
+``headroom_share``        ``(T_ddp - T) / (T_ddp - perfect_overlap_s)``: the
+                          share of what DDP leaves on the table this plan
+                          takes (null when DDP is at the bound)
 ========================  =====================================================
+
+Schema ``schedopt.compare/2`` added the last two keys to ``/1``'s, and
+measures the speedup in ``overlap`` mode against DDP as it runs (``/1``:
+against DDP's buckets in overlap mode).
 """
 
 from __future__ import annotations
@@ -32,9 +43,9 @@ from .plan import Plan
 from .problem import Problem
 
 __all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
-           "format_table", "format_csv"]
+           "format_table", "format_csv", "perfect_overlap_s"]
 
-COMPARE_SCHEMA = "schedopt.compare/1"
+COMPARE_SCHEMA = "schedopt.compare/2"
 
 COLUMNS: tuple[str, ...] = (
     "solver",
@@ -50,6 +61,8 @@ COLUMNS: tuple[str, ...] = (
     "num_buckets",
     "solve_time_s",
     "speedup_vs_ddp",
+    "perfect_overlap_s",
+    "headroom_share",
 )
 
 BASELINE = "pytorch-ddp"
@@ -61,7 +74,27 @@ def comparison_json(problem: Problem, rows: Sequence[dict[str, Any]]) -> dict[st
             "mode": problem.mode, "execution": problem.execution, "rows": list(rows)}
 
 
-def comparison_row(plan: Plan, *, baseline_s: float | None) -> dict[str, Any]:
+def perfect_overlap_s(problem: Problem) -> float:
+    """``max(compute, comm)`` of ``problem``'s graph on its cluster: the overlap-mode lower bound."""
+    from dataclasses import replace
+
+    from .simulate import lower_bound
+
+    return lower_bound(replace(problem, mode="overlap"))
+
+
+def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:
+    """DDP's iteration as torch runs it: the ``pytorch-ddp`` plan in ``barrier`` mode, whatever the problem's."""
+    from dataclasses import replace
+
+    from .simulate import simulate
+
+    if problem.mode == "barrier":
+        return ddp_plan.predicted.iteration_s  # type: ignore[union-attr]
+    return simulate(replace(problem, mode="barrier"), ddp_plan).iteration_s
+
+
+def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None) -> dict[str, Any]:
     """Return the comparison row of one solver's plan (its prediction must be set)."""
     predicted = plan.predicted
     assert predicted is not None, "plans from the registry carry a prediction"
@@ -80,6 +113,9 @@ def comparison_row(plan: Plan, *, baseline_s: float | None) -> dict[str, Any]:
         "num_buckets": len(plan.buckets),
         "solve_time_s": plan.solver.solve_time_s,
         "speedup_vs_ddp": baseline_s / iteration if baseline_s and iteration > 0 else None,
+        "perfect_overlap_s": perfect_s,
+        "headroom_share": (baseline_s - iteration) / (baseline_s - perfect_s)
+        if baseline_s is not None and perfect_s is not None and baseline_s - perfect_s > 1e-12 * baseline_s else None,
     }
 
 
@@ -108,8 +144,9 @@ def compare(
         plans[name] = runners[name](problem, time_limit_s=time_limit_s, seed=seed)
         if on_plan is not None:
             on_plan(name, plans[name])
-    baseline = plans[BASELINE].predicted.iteration_s  # type: ignore[union-attr]
-    return [comparison_row(plans[name], baseline_s=baseline) for name in solvers]
+    baseline = ddp_iteration_s(problem, plans[BASELINE])
+    perfect = perfect_overlap_s(problem)
+    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect) for name in solvers]
 
 
 SWEEP_COLUMNS: tuple[str, ...] = ("world_size", "bandwidth_Bps", *COLUMNS)
@@ -145,12 +182,15 @@ def sweep(
     return rows
 
 
+_HEADERS = {"bandwidth_Bps": "bandwidth", "perfect_overlap_s": "max(comp,comm)_ms", "headroom_share": "headroom"}
+
+
 def _cell(value: Any, column: str) -> str:
     if value is None:
         return "-"
     if column.endswith("_s") and isinstance(value, float):
         return f"{value * 1e3:.3f}"
-    if column in ("gap", "gap_to_lower_bound") and isinstance(value, float):
+    if column in ("gap", "gap_to_lower_bound", "headroom_share") and isinstance(value, float):
         return f"{value * 100:.2f}%"
     if column == "speedup_vs_ddp":
         return f"{value:.3f}x"
@@ -163,7 +203,7 @@ def _cell(value: Any, column: str) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
     """Return rows as an aligned text table; seconds are shown in milliseconds."""
-    header = [c[:-2] + "_ms" if c.endswith("_s") else ("bandwidth" if c == "bandwidth_Bps" else c) for c in columns]
+    header = [_HEADERS.get(c, c[:-2] + "_ms" if c.endswith("_s") else c) for c in columns]
     cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths)))]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import replace
+from typing import Any, Sequence
 
 from .io import write_json_atomic
-from .simulate import Timeline
+from .simulate import Event, Timeline
 from .units import format_duration
 
-__all__ = ["chrome_trace", "write_chrome_trace", "write_gantt"]
+__all__ = ["chrome_trace", "write_chrome_trace", "write_gantt", "write_gantt_comparison", "steady_window"]
 
 _TRACKS = {"compute": 1, "comm": 2}
 _TRACK_NAMES = {"compute": "compute stream", "comm": "network (all-reduce)"}
@@ -58,16 +59,29 @@ _COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", 
 _COMM_COLORS = ("#8172B3", "#C44E52")
 
 
-def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:
-    """Draw the compute and network tracks as a Gantt chart PNG (needs the ``viz`` extra: matplotlib)."""
-    from .plots import pyplot, save_figure
+def steady_window(timeline: Timeline, length_s: float) -> list[Event]:
+    """The events of ``length_s`` of steady-state training, shifted to start at 0.
 
-    plt = pyplot()  # says how to install matplotlib when it is missing
-    from matplotlib.patches import Patch
-    scale, unit = (1e3, "ms")
-    fig, ax = plt.subplots(figsize=(14, 3.2))
+    A barrier timeline is one iteration, repeated back to back; an overlap
+    timeline is cut from the start of its third-to-last simulated step.
+    """
+    if timeline.num_steps == 1:
+        period = timeline.iteration_s
+        copies = max(1, int(length_s // period) + 1) if period > 0 else 1
+        return [replace(e, start_s=e.start_s + k * period, end_s=e.end_s + k * period)
+                for k in range(copies) for e in timeline.events if e.start_s + k * period < length_s]
+    step = max(timeline.num_steps - 3, 0)
+    t0 = min(e.start_s for e in timeline.events if e.step == step and e.track == "compute")
+    return [replace(e, start_s=max(e.start_s - t0, 0.0), end_s=e.end_s - t0) for e in timeline.events
+            if e.end_s > t0 and e.start_s < t0 + length_s]
+
+
+def _draw_gantt(ax: Any, timeline: Timeline, title: str, *, events: Sequence[Event] | None = None,
+                xmax_s: float | None = None) -> None:
+    """Draw one timeline's compute and network tracks on ``ax`` (``events``: a part of them)."""
+    scale = 1e3
     rows = {"compute": 1.0, "comm": 0.0}
-    for e in timeline.events:
+    for e in timeline.events if events is None else events:
         if e.track == "compute":
             color = _COLORS.get(e.category, "#999999")
         else:
@@ -75,12 +89,43 @@ def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str 
         ax.broken_barh([(e.start_s * scale, max(e.duration_s * scale, 1e-9))], (rows[e.track] - 0.4, 0.8),
                        facecolors=color, edgecolor="none")
     ax.set_yticks([1.0, 0.0], ["compute", "network"])
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel("time (ms)")
+    if xmax_s is not None:
+        ax.set_xlim(0, xmax_s * scale)
     summary = (f"{timeline.mode}: iteration {format_duration(timeline.iteration_s)}, "
                f"lower bound {format_duration(timeline.lower_bound_s)}, "
                f"exposed comm {format_duration(timeline.exposed_comm_s)}")
     ax.set_title(f"{title}  —  {summary}" if title else summary, fontsize=10)
+
+
+def _legend(ax: Any) -> None:
+    from matplotlib.patches import Patch
+
     handles = [Patch(color=c, label=k) for k, c in _COLORS.items()]
     handles.append(Patch(color=_COMM_COLORS[0], label="all-reduce (alternate buckets)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=5, fontsize=8, frameon=False)
+
+
+def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str = "") -> None:
+    """Draw the compute and network tracks as a Gantt chart PNG (needs the ``viz`` extra: matplotlib)."""
+    from .plots import pyplot, save_figure
+
+    plt = pyplot()  # says how to install matplotlib when it is missing
+    fig, ax = plt.subplots(figsize=(14, 3.2))
+    _draw_gantt(ax, timeline, title)
+    _legend(ax)
+    save_figure(fig, path)
+
+
+def write_gantt_comparison(timelines: Sequence[tuple[str, Timeline]], path: str | os.PathLike[str]) -> None:
+    """Draw several timelines one above the other on one time axis (e.g. DDP and the best plan):
+    two steady-state steps of the slowest (:func:`steady_window`)."""
+    from .plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(14, 2.6 * len(timelines) + 0.6), squeeze=False)
+    length = 2 * max(t.iteration_s for _, t in timelines)  # two steady-state steps of the slowest
+    for ax, (label, timeline) in zip(axes[:, 0], timelines):
+        _draw_gantt(ax, timeline, label, events=steady_window(timeline, length), xmax_s=length)
+    _legend(axes[-1, 0])
     save_figure(fig, path)

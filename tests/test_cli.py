@@ -47,15 +47,21 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     assert main(["compare", str(graph_file), "--solvers", "all", "--format", "json", "--out", str(out_dir)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"schema", "model", "cluster", "mode", "execution", "rows"}
-    assert result["schema"] == "schedopt.compare/1" and result["mode"] == "barrier" and result["execution"] == "eager"
+    assert result["schema"] == "schedopt.compare/2" and result["mode"] == "barrier" and result["execution"] == "eager"
     rows = result["rows"]
     # the documented, stable keys of a row (schedopt/report.py): scripts parse them
     assert all(list(row) == ["solver", "status", "iteration_s", "lower_bound_s", "bound_s", "gap",
                              "gap_to_lower_bound", "exposed_comm_s", "comm_s", "compute_s", "num_buckets",
-                             "solve_time_s", "speedup_vs_ddp"] for row in rows)
+                             "solve_time_s", "speedup_vs_ddp", "perfect_overlap_s", "headroom_share"]
+               for row in rows)
     assert json.loads((out_dir / "compare.json").read_text())["rows"] == rows
     ddp = next(r for r in rows if r["solver"] == "pytorch-ddp")
-    assert ddp["speedup_vs_ddp"] == pytest.approx(1.0)
+    assert ddp["speedup_vs_ddp"] == pytest.approx(1.0) and ddp["headroom_share"] == pytest.approx(0.0)
+    for r in rows:  # the share of DDP's distance to max(compute, comm) that each plan takes
+        assert r["perfect_overlap_s"] <= r["iteration_s"] * (1 + 1e-9)
+        assert r["headroom_share"] == pytest.approx((ddp["iteration_s"] - r["iteration_s"])
+                                                    / (ddp["iteration_s"] - r["perfect_overlap_s"]))
+    assert (out_dir / "compare.png").exists()
     assert (out_dir / "pytorch-ddp.plan.json").exists() and (out_dir / "pytorch-ddp.gantt.png").exists()
     assert (out_dir / "compare.csv").read_text().startswith("solver,status,iteration_s")
     assert main(["compare", str(graph_file), "--solvers", "pytorch-ddp", "--format", "csv"]) == 0
@@ -182,3 +188,17 @@ def test_a_symlinked_output_is_written_through_and_the_link_kept(tmp_path, graph
     assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "-o", str(link)]) == 0
     assert link.is_symlink() and json.loads((tmp_path / "plans" / "v1.json").read_text())["schema"]
     assert [p.name for p in (tmp_path / "plans").iterdir()] == ["v1.json"]  # no temporary left behind
+
+
+def test_overlap_compare_measures_speedups_against_ddp_as_torch_runs_it(tmp_path, graph_file, capsys):
+    from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
+
+    args = ["compare", str(graph_file), "--solvers", "pytorch-ddp,caramel", "--mode", "overlap", "--network",
+            "100gbe", "--world-size", "8", "--format", "json", "--out", str(tmp_path / "cmp")]
+    assert main(args) == 0
+    rows = {r["solver"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    ddp_plan = Plan.load(tmp_path / "cmp" / "pytorch-ddp.plan.json")
+    problem = Problem(graph=TrainGraph.load(graph_file), cluster=Cluster.preset("100gbe", world_size=8))
+    ddp_barrier = simulate(problem, ddp_plan).iteration_s  # DDP waits for every collective before its step
+    for r in rows.values():
+        assert r["speedup_vs_ddp"] == pytest.approx(ddp_barrier / r["iteration_s"])
