@@ -401,11 +401,10 @@ def _update_costs(graph: TrainGraph, plan: Plan) -> list[float]:
     return [sum(per_param[name] for name in b.params) for b in plan.buckets]
 
 
-def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
-    graph, cluster = problem.graph, problem.cluster
-    compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
-    home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
-    # Buckets each op must see updated before it runs (first reader in the step applies the update).
+def _first_readers_of_buckets(graph: TrainGraph, compute_ops: list[str], home: Mapping[str, int],
+                              num_buckets: int) -> tuple[dict[str, list[int]], list[int]]:
+    """The buckets each op must see updated before it runs (the first reader of a bucket in a step
+    applies its update), and the buckets no op reads."""
     needs: dict[str, list[int]] = {}
     claimed: set[int] = set()
     for op_id in compute_ops:
@@ -413,7 +412,14 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
         if ks:
             needs[op_id] = ks
             claimed.update(ks)
-    unread = [k for k in range(len(plan.buckets)) if k not in claimed]
+    return needs, [k for k in range(num_buckets) if k not in claimed]
+
+
+def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
+    graph, cluster = problem.graph, problem.cluster
+    compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
+    home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
+    needs, unread = _first_readers_of_buckets(graph, compute_ops, home, len(plan.buckets))
     update_s = _update_costs(graph, plan)
     layout = chunk_layout(graph, plan)
     finishes = _finishes(graph)
