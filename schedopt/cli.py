@@ -110,6 +110,9 @@ def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SchedoptError(f"bad solver option {pair!r}: expected key=value")
+        flag = {"seed": "--seed", "time_limit_s": "--time-limit"}.get(key.replace("-", "_"))
+        if flag:
+            raise SchedoptError(f"solver option {key!r} has a flag of its own: use {flag}")
         try:
             options[key.replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError:

@@ -183,7 +183,7 @@ def pipeline(problem: Problem, plan: Plan, *, max_chunks: int = 8, max_trials: i
     return best
 
 
-@register("caramel")
+@register("caramel", limits={"max_chunks": 1024})
 def solve_caramel(
     problem: Problem,
     *,

@@ -2,7 +2,8 @@
 
 A solver is a plain function ``(problem, *, time_limit_s=None, seed=0,
 **options) -> Plan``. :func:`register` records it; the registered callable
-checks the options against the solver's signature, times the solve, checks
+checks the options against the solver's signature (names, types and ranges:
+:mod:`schedopt.solvers.options`), times the solve, checks
 the returned plan with :func:`schedopt.plan.validate` and attaches the
 simulator's prediction, so every plan leaving the registry is complete.
 """
@@ -16,6 +17,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from schedopt.errors import SolverError
+
+from .options import check_options
 from schedopt.plan import Plan, validate
 from schedopt.problem import Problem
 from schedopt.simulate import simulate
@@ -28,8 +31,8 @@ SolverFn = Callable[..., Plan]
 SOLVERS: dict[str, SolverFn] = {}
 
 
-def register(name: str) -> Callable[[SolverFn], SolverFn]:
-    """Register a solver function under ``name``.
+def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[SolverFn], SolverFn]:
+    """Register a solver function under ``name``; ``limits`` caps numeric options (name -> largest value).
 
     Example:
         >>> @register("my-solver")  # doctest: +SKIP
@@ -51,6 +54,7 @@ def register(name: str) -> Callable[[SolverFn], SolverFn]:
                 raise SolverError(
                     f"solver {name!r} has no option {', '.join(map(repr, unknown))}; options: {', '.join(valid)}"
                 ) from None
+            check_options(name, signature, options, limits=limits)
             started = time.perf_counter()
             plan = fn(problem, **options)
             elapsed = time.perf_counter() - started

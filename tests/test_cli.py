@@ -202,3 +202,38 @@ def test_overlap_compare_measures_speedups_against_ddp_as_torch_runs_it(tmp_path
     ddp_barrier = simulate(problem, ddp_plan).iteration_s  # DDP waits for every collective before its step
     for r in rows.values():
         assert r["speedup_vs_ddp"] == pytest.approx(ddp_barrier / r["iteration_s"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--solver", "pytorch-ddp", "--option", "bucket_cap_mb=abc"], "option bucket_cap_mb must be a number, got 'abc'"),
+    (["--solver", "pytorch-ddp", "--option", "bucket_cap_mb=-1"], "option bucket_cap_mb must be a finite number above 0"),
+    (["--solver", "pytorch-ddp", "--option", "bucket_cap_mb=NaN"], "got nan"),
+    (["--solver", "pytorch-ddp", "--option", "bucket_cap_mb=Infinity"], "got inf"),
+    (["--solver", "pytorch-ddp", "--option", "first_bucket_mb=true"], "option first_bucket_mb must be a number"),
+    (["--solver", "pytorch-ddp", "--option", "seed=3"], "use --seed"),
+    (["--solver", "pytorch-ddp", "--option", "time-limit-s=3"], "use --time-limit"),
+    (["--solver", "pytorch-ddp", "--seed", "99999999999"], "option seed must be an integer from 0 to 2147483647"),
+    (["--solver", "pytorch-ddp", "--seed", "-1"], "option seed must be an integer from 0"),
+    (["--solver", "cpsat", "--option", "num_workers=1.5"], "option num_workers must be an integer, got 1.5"),
+    (["--solver", "cpsat", "--option", "max_buckets=0"], "option max_buckets must be an integer from 1"),
+    (["--solver", "caramel", "--option", "max_chunks=1e9"], "option max_chunks must be an integer"),
+    (["--solver", "caramel", "--option", "max_chunks=5000"], "from 1 to 1024, got 5000"),
+    (["--solver", "horovod", "--option", "cycle_time_ms=0"], "option cycle_time_ms must be a finite number above 0"),
+    (["--solver", "bytescheduler", "--option", "partition_bytes=[1]"], "option partition_bytes must be a number"),
+])
+def test_bad_solver_options_name_the_option_and_the_value(tmp_path, graph_file, capsys, args, message):
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(graph_file), *args, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+def test_the_api_raises_solver_error_for_bad_options():
+    from schedopt import Cluster, Problem, SolverError
+    from schedopt.solvers import get
+
+    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("10gbe", world_size=4))
+    with pytest.raises(SolverError, match="option max_chunks must be an integer"):
+        get("caramel")(problem, max_chunks=2.5)
+    assert get("caramel")(problem, max_chunks=2).solver.name == "caramel"  # a good value still runs
