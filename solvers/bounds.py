@@ -148,6 +148,7 @@ class ClosureKnapsack:
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         solver.parameters.max_deterministic_time = self.det_s
+        solver.parameters.catch_sigint_signal = False  # short; CP-SAT's handler would drop Python's (interrupt.py)
         status = solver.Solve(self.model)
         work[1], bytes_[0] = self.work, 0
         return solver.BestObjectiveBound() if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None

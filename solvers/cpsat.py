@@ -155,6 +155,7 @@ from .bounds import (PROFILE_WALL_S, ClosureKnapsack, channel_bound, profile_bou
 from .bucketing import optimal_contiguous_buckets
 from .caramel import caramel_order
 from .common import bucket_first_order, first_readers, require_positive, split_chunks
+from .interrupt import interruptible
 from .overlap_search import SteadyState, improve_buckets
 from .registry import SOLVERS, register
 
@@ -1038,7 +1039,9 @@ def solve_cpsat(
         solver.parameters.cp_model_presolve = sizes["num_variables"] <= PRESOLVE_MAX_VARIABLES
         for key, value in parameters.items():
             setattr(solver.parameters, key, value)
-        return solver, solver.Solve(model.model, Progress())
+        with interruptible(solver):
+            status = solver.Solve(model.model, Progress())
+        return solver, status
 
     # Phase 1 searches; phase 2 (the rest of the time) raises the bound from below, with the
     # incumbent as hint and as a cap on T. Both bounds are valid: the plan records the higher.
@@ -1100,4 +1103,6 @@ def _hint_is_feasible(model) -> bool:
     check.parameters.fix_variables_to_their_hinted_value = True
     check.parameters.max_time_in_seconds = 10.0
     check.parameters.num_workers = 1
-    return check.Solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    with interruptible(check):
+        status = check.Solve(model)
+    return status in (cp_model.OPTIMAL, cp_model.FEASIBLE)

@@ -237,3 +237,24 @@ def test_the_api_raises_solver_error_for_bad_options():
     with pytest.raises(SolverError, match="option max_chunks must be an integer"):
         get("caramel")(problem, max_chunks=2.5)
     assert get("caramel")(problem, max_chunks=2).solver.name == "caramel"  # a good value still runs
+
+
+@pytest.mark.parametrize("after_s", [2.0, 7.0])  # in the warm-start search, then in CP-SAT's own solve
+def test_ctrl_c_during_a_cpsat_solve_ends_within_2_s_with_130_and_writes_nothing(tmp_path, after_s):
+    import signal
+    import time
+
+    graph, out = tmp_path / "t8.json", tmp_path / "plan.json"
+    transformer_like(8).save(graph)
+    proc = subprocess.Popen([sys.executable, "-m", "schedopt", "plan", str(graph), "--solver", "cpsat", "--mode",
+                             "overlap", "--network", "100gbe", "--time-limit", "40", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(after_s)
+    assert proc.poll() is None, "the solve ended before the interrupt"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 130 and err.strip().splitlines() == ["schedopt: interrupted"]
+    assert not out.exists()
