@@ -10,9 +10,10 @@ The machine has one compute stream and one network channel.
 - ``barrier``: the optimizer ops start once backward and every collective are
   done; the iteration ends with the last optimizer op. With the cluster's
   ``interference`` f > 0 (gloo on CPU shares the cores with the model), an
-  op runs 1/(1+f) as fast while the channel is busy: ops and chunks are then
-  simulated together, each op walking through the busy intervals of the
-  chunks issued before it starts (a chunk issued later starts after it ends).
+  op runs 1/(1+f) as fast while the channel is busy. Ops and chunks are
+  simulated together (one walker, :class:`_Machine`, in both modes), each op
+  walking through the busy intervals of the chunks issued before it starts
+  (a chunk issued later starts after it ends).
 - ``overlap``: several steps are simulated back to back. The optimizer's work
   is split over buckets by parameter bytes, and a bucket's update runs on the
   compute stream right before the first op of the next step that reads one of
@@ -180,16 +181,8 @@ def comm_schedule(
     A chunk is issued at max(its gradients ready, previous chunk issued) and
     starts when the channel is free (``channel_free_s`` at first).
     """
-    timings: list[ChunkTiming] = []
-    prev_issue = 0.0
-    prev_end = channel_free_s
-    for chunk in layout:
-        issue = max(max((ready_s[name] for name in chunk.params), default=0.0), prev_issue)
-        start = max(issue, prev_end)
-        end = start + cluster.allreduce_s(chunk.nbytes)
-        timings.append(ChunkTiming(chunk=chunk, issue_s=issue, start_s=start, end_s=end))
-        prev_issue, prev_end = issue, end
-    return timings
+    machine = _Machine(cluster, channel_free_s=channel_free_s)
+    return [machine.issue(chunk, ready_s) for chunk in layout]
 
 
 def lower_bound(problem: Problem) -> float:
@@ -245,17 +238,7 @@ def _synced(timings: list[ChunkTiming]) -> dict[str, float]:
 def _simulate_barrier(problem: Problem, plan: Plan) -> Timeline:
     graph, cluster = problem.graph, problem.cluster
     events: list[Event] = []
-    if cluster.interference > 0 and cluster.world_size > 1 and graph.params:
-        end, timings = _interfering_barrier(graph, plan, cluster)
-    else:
-        end, t = {}, 0.0
-        for op_id in plan.order:
-            op = graph.ops[op_id]
-            if op.phase != "optimizer":
-                t += op.duration_s
-                end[op_id] = t
-        ready = {name: end[p.grad_op] for name, p in graph.params.items()}
-        timings = comm_schedule(chunk_layout(graph, plan), cluster, ready)
+    end, timings = _barrier_step(graph, plan, cluster)
     t = 0.0
     for op_id in plan.order:  # compute events: each op from the previous one's end to its own
         op = graph.ops[op_id]
@@ -291,24 +274,27 @@ class _Machine:
     """One compute stream and one FIFO channel; with interference f, compute runs 1/(1+f) as fast while a
     chunk is on the wire (chunks are not slowed). Chunks are issued as their gradients become ready."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *, channel_free_s: float = 0.0) -> None:
         self.cluster = cluster
         self.slow = 1.0 + (cluster.interference if cluster.world_size > 1 else 0.0)
         self.t = 0.0  # the compute stream's clock
         self.timings: list[ChunkTiming] = []  # every chunk issued so far, all steps
-        self._prev_issue = self._prev_end = 0.0
+        self._prev_issue, self._prev_end = 0.0, channel_free_s
         self._busy = 0  # index of the first chunk that may still overlap t
 
     def run(self, work: float) -> tuple[float, float]:
         """Run ``work`` seconds of compute from now: at full speed in the channel's idle gaps, slowed inside
         the busy intervals of the chunks issued so far. Returns (start, end)."""
         start = t = self.t
+        if self.slow == 1.0:
+            self.t = t + work
+            return start, self.t
         timings = self.timings
         while self._busy < len(timings) and timings[self._busy].end_s <= t:
             self._busy += 1
         k = self._busy
         while work > 0:
-            if k == len(timings) or self.slow == 1.0:
+            if k == len(timings):
                 t += work
                 break
             a, b = timings[k].start_s, timings[k].end_s
@@ -360,8 +346,8 @@ def _finishes(graph: TrainGraph) -> dict[str, list[str]]:
     return finishes
 
 
-def _interfering_barrier(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict[str, float], list[ChunkTiming]]:
-    """Op ends and chunk timings when compute runs ``1/(1 + interference)`` as fast during collectives.
+def _barrier_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict[str, float], list[ChunkTiming]]:
+    """Op ends and chunk timings of one step (compute ``1/(1 + interference)`` as fast during collectives).
 
     The ops run in order on a :class:`_Machine`; after each, every next chunk
     whose gradients are all ready is issued (FIFO).
@@ -376,7 +362,8 @@ def _interfering_barrier(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tup
         if op.phase == "optimizer":
             continue
         _, end[op_id] = machine.run(op.duration_s)
-        issuer.gradients_ready(finishes.get(op_id, ()), end[op_id])
+        if op_id in finishes:
+            issuer.gradients_ready(finishes[op_id], end[op_id])
     assert len(issuer.timings) == len(issuer.layout), "every gradient is ready after the last op"
     return end, issuer.timings
 
@@ -453,7 +440,8 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
             op = graph.ops[op_id]
             start, end = machine.run(op.duration_s)
             events.append(Event(track="compute", name=op_id, start_s=start, end_s=end, step=step, category=op.phase))
-            issuer.gradients_ready(finishes.get(op_id, ()), end)
+            if op_id in finishes:
+                issuer.gradients_ready(finishes[op_id], end)
         if step > 0:
             arrived = machine.t
             for k in unread:
