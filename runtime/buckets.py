@@ -80,6 +80,8 @@ class BucketLayout:
             for j, (start, end) in enumerate(chunk_bounds(numel, bucket.chunks)):
                 overlapping = tuple(n for n, (a, b) in spans.items() if a < end and start < b)
                 self.collectives.append(Collective(bucket=k, chunk=j, start=start, end=end, params=overlapping))
+        #: parameter -> index of its bucket
+        self.bucket_of: dict[str, int] = seen
         unplanned = [name for name in params if name not in seen]
         if unplanned:
             raise InvalidPlanError(f"parameter(s) {', '.join(unplanned[:4])} are in no bucket of the plan")

@@ -94,11 +94,8 @@ class DeferredUpdates:
 
     def __init__(self, module: nn.Module, params: dict[str, nn.Parameter], layout: "BucketLayout") -> None:
         self.layout = layout
-        self.bucket_of: dict[str, int] = {}
+        self.bucket_of = layout.bucket_of
         self.buckets: list[_Bucket] = [_Bucket(members=[]) for _ in layout.buffers]
-        for c in layout.collectives:
-            for name in c.params:
-                self.bucket_of[name] = c.bucket
         for name, param in params.items():
             self.buckets[self.bucket_of[name]].members.append((name, param))
         self.by_param_id = {id(p): self.bucket_of[name] for name, p in params.items()}

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
 from .io import check_output_dir, check_output_file, write_json_atomic, write_text_atomic
-from .load import ImportOptions, load_model, model_kind
+from .load import ImportOptions, load_model, model_file, model_kind
 from .plan import PLAN_SCHEMA, Plan
 from .problem import EXECUTIONS, MODES, Problem
 from .units import format_duration, format_size, parse_bandwidth, parse_duration, parse_size
@@ -256,9 +256,9 @@ _FILE_OUTPUTS = ("output", "trace", "gantt", "plot")
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, outputs that cannot be written or would overwrite the command's inputs."""
-    inputs = tuple(str(v).split(".py:")[0] + ".py" if ".py:" in str(v) else str(v)
-                   for v in (getattr(args, "model", None), getattr(args, "plan", None), getattr(args, "cluster", None))
-                   if v)
+    model = getattr(args, "model", None)
+    inputs = tuple(str(v) for v in (model and model_file(model), getattr(args, "plan", None),
+                                    getattr(args, "cluster", None)) if v)
     for name in _FILE_OUTPUTS:
         value = getattr(args, name, None)
         if value is not None:
@@ -332,6 +332,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution)
     out = Path(args.out) if args.out else None
 
+    saved: dict[str, tuple[Plan, Any]] = {}  # solver -> (plan, timeline), with --out
+
     def save(name: str, plan: Plan) -> None:
         if out is None:
             return
@@ -342,18 +344,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         timeline = simulate(problem, plan)
         write_chrome_trace(timeline, out / f"{name}.trace.json", name=f"{graph.name} / {name}")
         write_gantt(timeline, out / f"{name}.gantt.png", title=f"{graph.name} / {name}")
+        saved[name] = (plan, timeline)
 
     def progress(items: list[str]) -> Iterable[str]:
         quiet = not _show_progress(args)
         return items if quiet else _progress_bar(items)
 
-    plans: dict[str, Plan] = {}
-
-    def keep(name: str, plan: Plan) -> None:
-        plans[name] = plan
-        save(name, plan)
-
-    rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=keep)
+    rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=save)
     if args.format == "json":
         print(json.dumps(comparison_json(problem, rows), indent=2))
     elif args.format == "csv":
@@ -365,12 +362,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if out is not None:
         write_json_atomic(out / "compare.json", comparison_json(problem, rows))
         write_text_atomic(out / "compare.csv", format_csv(rows))
-        _write_comparison_chart(problem, plans, rows, out / "compare.png")
+        _write_comparison_chart(problem, saved, rows, out / "compare.png")
     return 0
 
 
-def _write_comparison_chart(problem: Problem, plans: dict[str, Plan], rows: list[dict[str, Any]], path: Path) -> None:
-    """DDP's timeline above the best plan's, on one time axis."""
+def _write_comparison_chart(problem: Problem, saved: dict[str, tuple[Plan, Any]], rows: list[dict[str, Any]],
+                            path: Path) -> None:
+    """DDP's timeline (in barrier mode, as torch runs it) above the best plan's, on one time axis."""
     from dataclasses import replace
 
     from .report import BASELINE
@@ -378,10 +376,14 @@ def _write_comparison_chart(problem: Problem, plans: dict[str, Plan], rows: list
     from .trace import write_gantt_comparison
 
     best = min(rows, key=lambda r: r["iteration_s"])["solver"]
-    shown = [name for name in dict.fromkeys([BASELINE, best]) if name in plans]
-    problems = {name: replace(problem, mode="barrier") if name == BASELINE else problem for name in shown}
-    write_gantt_comparison([(f"{problem.graph.name} / {name}", simulate(problems[name], plans[name])) for name in shown],
-                           path)
+    shown = []
+    if BASELINE in saved:
+        plan, timeline = saved[BASELINE]
+        ddp = timeline if problem.mode == "barrier" else simulate(replace(problem, mode="barrier"), plan)
+        shown.append((BASELINE, ddp))
+    if best != BASELINE:
+        shown.append((best, saved[best][1]))
+    write_gantt_comparison([(f"{problem.graph.name} / {name}", timeline) for name, timeline in shown], path)
 
 
 def _show_progress(args: argparse.Namespace) -> bool:

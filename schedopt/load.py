@@ -20,7 +20,7 @@ from typing import Literal
 from .errors import GraphImportError
 from .graph import TrainGraph
 
-__all__ = ["ImportOptions", "load_model", "model_kind"]
+__all__ = ["ImportOptions", "load_model", "model_file", "model_kind"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,6 +49,12 @@ def model_kind(spec: str) -> Literal["graph", "onnx", "factory"]:
     raise GraphImportError(
         f"cannot read model {spec!r}: expected a graph .json, an .onnx file, or path/to/file.py:factory"
     )
+
+
+def model_file(spec: str) -> str:
+    """The file a MODEL argument reads: the ``.py`` of ``path/to/file.py:factory``, else the argument."""
+    path, sep, _ = spec.rpartition(":")
+    return path if sep and path.endswith(".py") else spec
 
 
 def load_model(spec: str, options: ImportOptions | None = None) -> TrainGraph:
