@@ -45,8 +45,8 @@ class BufferBroadcast:
         self._inflight: list[tuple[list[torch.Tensor], torch.Tensor, Any]] = []
 
     def start(self) -> None:
-        """Issue the broadcast of rank 0's current buffers (at the end of a forward)."""
-        self.finish()
+        """Issue the broadcast of rank 0's current buffers (at the end of a forward, after :meth:`finish`)."""
+        assert not self._inflight, "the previous broadcast is written at the start of each forward"
         for members in self.groups.values():
             staging = _flatten_dense_tensors([m.detach() for m in members])
             work = dist.broadcast(staging, group=self.process_group, async_op=True, group_src=0)

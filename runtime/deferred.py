@@ -68,7 +68,6 @@ class Settled:
     waited: bool  # some collective of the bucket was still running when the settle began
     steps: int  # optimizer steps applied
     wait_s: float  # host time spent waiting for the collectives (on CUDA: enqueueing the wait)
-    apply_s: float  # host time spent in the optimizer steps
 
 
 @dataclass
@@ -163,14 +162,14 @@ class DeferredUpdates:
         for work in bucket.works:
             work.wait()
         bucket.works = []
-        arrived = time.perf_counter()
+        wait_s = time.perf_counter() - started
         requests, bucket.requests = bucket.requests, []
         if requests:
             grads = [(p, None if name in self.unused else self.layout.views[name]) for name, p in bucket.members]
             for request in requests:
                 request.driver.apply(grads, request.hyper)
         self.settled.append(Settled(bucket=k, where=where, waited=waited, steps=len(requests),
-                                    wait_s=arrived - started, apply_s=time.perf_counter() - arrived))
+                                    wait_s=wait_s))
 
     def flush(self) -> None:
         """Settle every bucket: no collective in flight, no step pending."""

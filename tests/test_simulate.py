@@ -177,3 +177,23 @@ def test_interference_in_overlap_mode_slows_the_next_steps_updates_too(chain3, t
     assert update.duration_s == pytest.approx(1e-3 / 3)
     b1 = next(e for e in timeline.events if e.name == "b1" and e.step == 0)
     assert (b1.start_s, b1.end_s) == (pytest.approx(3e-3), pytest.approx(7e-3))
+
+
+def test_steady_window_repeats_a_barrier_step_and_cuts_an_overlap_run_at_a_late_step(chain3, two_ranks):
+    from schedopt.trace import steady_window
+
+    barrier_problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks)
+    barrier = simulate(barrier_problem, make_plan(barrier_problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
+    window = steady_window(barrier, 2 * barrier.iteration_s)
+    assert len(window) == 2 * len(barrier.events)  # two back-to-back copies of the one simulated step
+    second = [e for e in window if e.start_s >= barrier.iteration_s - 1e-15]
+    assert [e.name for e in second] == [e.name for e in barrier.events]
+    assert second[0].start_s == pytest.approx(barrier.events[0].start_s + barrier.iteration_s)
+
+    overlap_problem = replace(barrier_problem, mode="overlap")
+    overlap = simulate(overlap_problem, make_plan(overlap_problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
+    window = steady_window(overlap, 2 * overlap.iteration_s)
+    first = min(window, key=lambda e: e.start_s)
+    assert first.start_s == 0.0 and all(e.start_s < 2 * overlap.iteration_s for e in window)
+    assert {e.step for e in window if e.track == "compute"} <= {overlap.num_steps - 3, overlap.num_steps - 2,
+                                                                 overlap.num_steps - 1}
