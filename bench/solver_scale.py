@@ -45,7 +45,7 @@ def run_case(case: str, network: str, world_size: int, mode: str, time_limit: fl
     problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode=mode,
                       execution=execution)
     plan = get("cpsat")(problem, time_limit_s=time_limit)
-    o = plan.solver.options
+    o = plan.solver.stats
     return {
         "case": case, "ops": len(graph.ops), "params": len(graph.params),
         "coarse_ops": o.get("num_coarse_ops"), "variables": o.get("num_variables"),

@@ -2,8 +2,8 @@
 
 Example:
     >>> from schedopt.runtime import wrap            # doctest: +SKIP
-    >>> model = wrap(model)                           # doctest: +SKIP  the plan in $SCHEDOPT_PLAN
-    >>> optimizer = wrap_optimizer(optimizer, model)  # doctest: +SKIP  steps per bucket in overlap mode
+    >>> model = wrap(model)  # the plan in $SCHEDOPT_PLAN  # doctest: +SKIP
+    >>> optimizer = wrap_optimizer(optimizer, model)  # steps per bucket in overlap mode  # doctest: +SKIP
 """
 
 from __future__ import annotations

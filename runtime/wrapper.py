@@ -79,7 +79,7 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
 
     Example:
         >>> model = wrap(model, "plan.json")  # doctest: +SKIP
-        >>> loss_fn(model(x), y).backward()   # doctest: +SKIP  every .grad holds the average
+        >>> loss_fn(model(x), y).backward()  # every .grad holds the average  # doctest: +SKIP
 
     With an ``overlap`` plan, pass the optimizer through
     :func:`~schedopt.runtime.wrap_optimizer` and call ``model.flush()`` after the last step.

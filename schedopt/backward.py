@@ -104,41 +104,12 @@ def training_graph(
         InvalidGraphError: an input names an unknown or later op, a parameter
             is unknown, or a parameter does not reach the loss.
     """
-    by_id = {f.id: f for f in forward}
-    if len(by_id) != len(forward):
-        raise InvalidGraphError("forward op ids are not unique")
     specs = {p.name: p for p in params}
-    for spec in params:
-        if spec.dtype not in DTYPE_SIZES:
-            raise InvalidGraphError(f"parameter {spec.name!r} has unknown dtype {spec.dtype!r}")
-    position = {f.id: i for i, f in enumerate(forward)}
-    for f in forward:
-        for src in f.inputs:
-            if src not in position or position[src] >= position[f.id]:
-                raise InvalidGraphError(f"forward op {f.id!r} consumes {src!r}, which is not an earlier forward op")
-        for p in f.reads:
-            if p not in specs:
-                raise InvalidGraphError(f"forward op {f.id!r} reads unknown parameter {p!r}")
-    loss = loss if loss is not None else forward[-1].id
-    if loss not in by_id:
-        raise InvalidGraphError(f"loss op {loss!r} is not a forward op")
-
-    # 1. the ops that lead to the loss, and which of them require grad
+    loss = _check_forward(forward, specs, loss)
     dag = nx.DiGraph()
-    dag.add_nodes_from(by_id)
+    dag.add_nodes_from(f.id for f in forward)
     dag.add_edges_from((src, f.id) for f in forward for src in f.inputs)
-    live = nx.ancestors(dag, loss) | {loss}
-    requires_grad: dict[str, bool] = {}
-    for f in forward:
-        requires_grad[f.id] = bool(f.reads) or any(requires_grad[s] for s in f.inputs)
-    readers: dict[str, list[str]] = {p: [] for p in specs}
-    for f in forward:
-        if f.id in live:
-            for p in dict.fromkeys(f.reads):
-                readers[p].append(f.id)
-    orphans = [p for p, rs in readers.items() if not rs]
-    if orphans:
-        raise InvalidGraphError(f"parameters that do not reach the loss: {', '.join(orphans[:5])}")
+    live, readers = _readers_reaching_loss(forward, specs, dag, loss)
 
     def cost(flops: float, nbytes: float) -> dict[str, float]:
         return {"flops": flops, "bytes_moved": nbytes, "duration_s": device.op_time_s(flops=flops, nbytes=nbytes)}
@@ -146,41 +117,7 @@ def training_graph(
     ops: list[Op] = [Op(id=f.id, kind=f.kind, phase="forward", reads=f.reads, **cost(f.flops, f.bytes_moved))
                      for f in forward]
     edges: list[tuple[str, str]] = [(src, f.id) for f in forward for src in f.inputs]
-    grad_op: dict[str, str] = {}
-    grad_input: dict[str, str] = {}
-    partials: dict[str, list[str]] = {p: [] for p in specs}
-
-    # 2. reverse walk: input and weight gradients
-    for f in reversed(forward):
-        if f.id not in live or not requires_grad[f.id]:
-            continue
-        upstream = [grad_input[c] for c in dag.successors(f.id) if c in grad_input]
-        if any(requires_grad[s] for s in f.inputs):
-            gi = f"{f.id}.grad_input"
-            ops.append(Op(id=gi, kind=f"{f.kind}.backward_input", phase="backward",
-                          reads=f.reads, **cost(_or(f.grad_input_flops, f.flops), f.bytes_moved)))
-            edges += [(f.id, gi)] + [(u, gi) for u in upstream]
-            grad_input[f.id] = gi
-        if f.reads:
-            gw = f"{f.id}.grad_weight"
-            finished = tuple(p for p in dict.fromkeys(f.reads) if len(readers[p]) == 1)
-            ops.append(Op(id=gw, kind=f"{f.kind}.backward_weight", phase="backward", grads=finished,
-                          **cost(_or(f.grad_weight_flops, f.flops), f.bytes_moved)))
-            edges += [(f.id, gw)] + [(u, gw) for u in upstream]
-            for p in dict.fromkeys(f.reads):
-                partials[p].append(gw)
-                if len(readers[p]) == 1:
-                    grad_op[p] = gw
-                # 3. tied parameter: sum the partials once the earliest reader's part exists
-                elif len(partials[p]) == len(readers[p]):
-                    acc = f"{p}.accumulate_grad"
-                    nbytes = _nbytes(specs[p])
-                    k = len(readers[p])
-                    ops.append(Op(id=acc, kind="accumulate_grad", phase="backward", grads=(p,),
-                                  **cost((k - 1) * nbytes / DTYPE_SIZES[specs[p].dtype], 3 * (k - 1) * nbytes)))
-                    edges += [(src, acc) for src in partials[p]]
-                    grad_op[p] = acc
-
+    grad_op = _add_backward(forward, specs, dag, live, readers, cost, ops, edges)
     # 4. the optimizer step
     if optimizer is not None:
         step = optimizer_step(params, optimizer, device)
@@ -194,6 +131,86 @@ def training_graph(
         params=[Param(name=s.name, shape=s.shape, dtype=s.dtype, grad_op=grad_op[s.name]) for s in params],
         meta={"device": device.name, "backward": "synthesized", **(meta or {})},
     )
+
+
+def _check_forward(forward: Sequence[ForwardOp], specs: Mapping[str, ParamSpec], loss: str | None) -> str:
+    """Raise :class:`InvalidGraphError` for a malformed forward DAG; return the loss op's id."""
+    by_id = {f.id: f for f in forward}
+    if len(by_id) != len(forward):
+        raise InvalidGraphError("forward op ids are not unique")
+    for spec in specs.values():
+        if spec.dtype not in DTYPE_SIZES:
+            raise InvalidGraphError(f"parameter {spec.name!r} has unknown dtype {spec.dtype!r}")
+    position = {f.id: i for i, f in enumerate(forward)}
+    for f in forward:
+        for src in f.inputs:
+            if src not in position or position[src] >= position[f.id]:
+                raise InvalidGraphError(f"forward op {f.id!r} consumes {src!r}, which is not an earlier forward op")
+        for p in f.reads:
+            if p not in specs:
+                raise InvalidGraphError(f"forward op {f.id!r} reads unknown parameter {p!r}")
+    loss = loss if loss is not None else forward[-1].id
+    if loss not in by_id:
+        raise InvalidGraphError(f"loss op {loss!r} is not a forward op")
+    return loss
+
+
+def _readers_reaching_loss(forward: Sequence[ForwardOp], specs: Mapping[str, ParamSpec], dag: nx.DiGraph,
+                           loss: str) -> tuple[set[str], dict[str, list[str]]]:
+    """1. The ops that lead to the loss, and each parameter's readers among them (every parameter
+    must have one)."""
+    live = nx.ancestors(dag, loss) | {loss}
+    readers: dict[str, list[str]] = {p: [] for p in specs}
+    for f in forward:
+        if f.id in live:
+            for p in dict.fromkeys(f.reads):
+                readers[p].append(f.id)
+    orphans = [p for p, rs in readers.items() if not rs]
+    if orphans:
+        raise InvalidGraphError(f"parameters that do not reach the loss: {', '.join(orphans[:5])}")
+    return live, readers
+
+
+def _add_backward(forward: Sequence[ForwardOp], specs: Mapping[str, ParamSpec], dag: nx.DiGraph, live: set[str],
+                  readers: Mapping[str, list[str]], cost, ops: list[Op], edges: list[tuple[str, str]]) -> dict[str, str]:
+    """2.-3. The reverse walk: input and weight gradients, and a tied parameter's partials summed once
+    the earliest reader's part exists; appends to ``ops`` and ``edges``, returns each parameter's
+    gradient op."""
+    requires_grad: dict[str, bool] = {}
+    for f in forward:
+        requires_grad[f.id] = bool(f.reads) or any(requires_grad[s] for s in f.inputs)
+    grad_op: dict[str, str] = {}
+    grad_input: dict[str, str] = {}
+    partials: dict[str, list[str]] = {p: [] for p in specs}
+    for f in reversed(forward):
+        if f.id not in live or not requires_grad[f.id]:
+            continue
+        upstream = [grad_input[c] for c in dag.successors(f.id) if c in grad_input]
+        if any(requires_grad[s] for s in f.inputs):
+            gi = f"{f.id}.grad_input"
+            ops.append(Op(id=gi, kind=f"{f.kind}.backward_input", phase="backward",
+                          reads=f.reads, **cost(_or(f.grad_input_flops, f.flops), f.bytes_moved)))
+            edges += [(f.id, gi)] + [(u, gi) for u in upstream]
+            grad_input[f.id] = gi
+        if not f.reads:
+            continue
+        gw = f"{f.id}.grad_weight"
+        finished = tuple(p for p in dict.fromkeys(f.reads) if len(readers[p]) == 1)
+        ops.append(Op(id=gw, kind=f"{f.kind}.backward_weight", phase="backward", grads=finished,
+                      **cost(_or(f.grad_weight_flops, f.flops), f.bytes_moved)))
+        edges += [(f.id, gw)] + [(u, gw) for u in upstream]
+        for p in dict.fromkeys(f.reads):
+            partials[p].append(gw)
+            if len(readers[p]) == 1:
+                grad_op[p] = gw
+            elif len(partials[p]) == len(readers[p]):  # 3. tied: sum the partials
+                acc = f"{p}.accumulate_grad"
+                nbytes, k = _nbytes(specs[p]), len(readers[p])
+                ops.append(Op(id=acc, kind="accumulate_grad", phase="backward", grads=(p,),
+                              **cost((k - 1) * nbytes / DTYPE_SIZES[specs[p].dtype], 3 * (k - 1) * nbytes)))
+                edges += [(src, acc) for src in partials[p]]
+                grad_op[p] = acc
+    return grad_op
 
 
 def optimizer_step(params: Sequence[ParamSpec], optimizer: str, device: DeviceSpec) -> Op:

@@ -225,9 +225,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         "gap_to_lower_bound": timeline.gap,
         "num_buckets": len(plan.buckets),
         "num_steps_simulated": timeline.num_steps,
+        "converged": timeline.converged,
         "windows": {name: {"ready_s": w.ready_s, "deadline_s": w.deadline_s, "synced_s": w.synced_s,
                            "width_s": w.width_s, "slack_s": w.slack_s} for name, w in timeline.windows.items()},
     }
+    if not timeline.converged:
+        print(f"warning: the steady state did not repeat within {timeline.num_steps} steps; the iteration is the "
+              f"mean of the last four periods", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(summary, indent=2))
         return 0

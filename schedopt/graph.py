@@ -156,11 +156,23 @@ def params_fingerprint(entries: Iterable[tuple[str, Sequence[int], str]]) -> str
     return _sha256([[name, [int(d) for d in shape], str(dtype)] for name, shape, dtype in entries])
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Totals:
     forward_s: float = 0.0
     backward_s: float = 0.0
     optimizer_s: float = 0.0
+
+
+class FrozenDict(dict):
+    """A dict that refuses every change after construction (it still pickles and serializes as one)."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a TrainGraph is immutable: build a new one (for example with with_durations)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _refuse
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
 
 
 class TrainGraph:
@@ -223,8 +235,17 @@ class TrainGraph:
                 f"grad_order must list every trainable parameter once ({len(self.grad_order)} names for "
                 f"{len(self.params)} parameters; unknown: {extra or 'none'}, missing: {lacking or 'none'})"
             )
+        # frozen: the cached fingerprints and totals below stay true
+        self.ops, self.params, self.meta = FrozenDict(self.ops), FrozenDict(self.params), FrozenDict(self.meta)
+        self.dag = nx.freeze(self.dag)
+        self._frozen = True
         if check:
             validate(self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"a TrainGraph is immutable; cannot set {name!r}")
+        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         return f"TrainGraph({self.name!r}, {len(self.ops)} ops, {len(self.params)} params)"
@@ -239,11 +260,10 @@ class TrainGraph:
     @cached_property
     def totals(self) -> _Totals:
         """Summed op durations per phase."""
-        totals = _Totals()
+        sums = {"forward_s": 0.0, "backward_s": 0.0, "optimizer_s": 0.0}
         for op in self.ops.values():
-            name = f"{op.phase}_s"
-            setattr(totals, name, getattr(totals, name) + op.duration_s)
-        return totals
+            sums[f"{op.phase}_s"] += op.duration_s
+        return _Totals(**sums)
 
     @cached_property
     def grad_ops(self) -> frozenset[str]:

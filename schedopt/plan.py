@@ -90,7 +90,12 @@ class ModelRef:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SolverInfo:
-    """How a plan was found. ``bound_s`` is the solver's proven bound, if it has one."""
+    """How a plan was found: what the user asked (``options``) and what happened (``stats``).
+
+    ``bound_s`` is the solver's proven bound, if it has one; ``stats`` holds a solver's own record
+    of the run (for ``cpsat``: which result it returned and why, what the bound covers, whether a
+    phase timed out or fell back, model sizes).
+    """
 
     name: str
     status: str = "HEURISTIC"
@@ -98,6 +103,7 @@ class SolverInfo:
     objective_s: float | None = None
     bound_s: float | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    stats: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def gap(self) -> float | None:
@@ -182,6 +188,7 @@ class Plan:
                 "bound_s": self.solver.bound_s,
                 "gap": self.solver.gap,
                 "options": dict(self.solver.options),
+                "stats": dict(self.solver.stats),
             },
             "predicted": None,
         }
@@ -239,6 +246,7 @@ class Plan:
                     objective_s=_opt_float(solver.get("objective_s")),
                     bound_s=_opt_float(solver.get("bound_s")),
                     options=dict(solver.get("options") or {}),
+                    stats=dict(solver.get("stats") or {}),
                 ),
                 predicted=None if predicted is None else Prediction(
                     **{k: float(predicted[k]) for k in Prediction.__dataclass_fields__}

@@ -11,14 +11,15 @@ The machine has one compute stream and one network channel.
   done; the iteration ends with the last optimizer op. With the cluster's
   ``interference`` f > 0 (gloo on CPU shares the cores with the model), an
   op runs 1/(1+f) as fast while the channel is busy. Ops and chunks are
-  simulated together (one walker, :class:`_Machine`, in both modes), each op
+  simulated together (one walker, :class:`.steady.Machine`, in both modes), each op
   walking through the busy intervals of the chunks issued before it starts
   (a chunk issued later starts after it ends).
 - ``overlap``: several steps are simulated back to back. The optimizer's work
   is split over buckets by parameter bytes, and a bucket's update runs on the
   compute stream right before the first op of the next step that reads one of
   its parameters, once the bucket's collective has ended (the compute stream
-  waits for it). The iteration time is the steady-state period. Interference
+  waits for it). The iteration time is the steady-state period (:mod:`.steady`,
+  the engine the solvers use too; ``Timeline.converged`` says whether it settled). Interference
   slows ops (and updates) as in barrier mode, here also while the previous
   step's chunks are still on the wire.
 
@@ -43,6 +44,7 @@ from .cluster import Cluster
 from .graph import TrainGraph
 from .plan import Plan, Prediction, chunk_bounds, validate
 from .problem import Problem
+from .steady import Machine, StepProgram, run_steady_state
 
 __all__ = [
     "Event",
@@ -58,10 +60,6 @@ __all__ = [
 ]
 
 Track = Literal["compute", "comm"]
-
-#: Overlap mode simulates until three consecutive periods agree, at most this many steps.
-_MAX_STEPS = 32
-_TOL = 1e-12
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,6 +111,9 @@ class Timeline:
     windows: Mapping[str, Window]
     events: tuple[Event, ...]
     num_steps: int = 1
+    #: Overlap mode: whether three consecutive periods agreed within the engine's steps (else the
+    #: period is the mean of the last four; see :mod:`.steady`).
+    converged: bool = True
 
     @property
     def gap(self) -> float:
@@ -181,8 +182,8 @@ def comm_schedule(
     A chunk is issued at max(its gradients ready, previous chunk issued) and
     starts when the channel is free (``channel_free_s`` at first).
     """
-    machine = _Machine(cluster, channel_free_s=channel_free_s)
-    return [machine.issue(chunk, ready_s) for chunk in layout]
+    machine = Machine(_interference(cluster), channel_free=channel_free_s)
+    return [_send(machine, chunk, ready_s, cluster) for chunk in layout]
 
 
 def lower_bound(problem: Problem) -> float:
@@ -270,64 +271,11 @@ def _simulate_barrier(problem: Problem, plan: Plan) -> Timeline:
     )
 
 
-class _Machine:
-    """One compute stream and one FIFO channel; with interference f, compute runs 1/(1+f) as fast while a
-    chunk is on the wire (chunks are not slowed). Chunks are issued as their gradients become ready."""
-
-    def __init__(self, cluster: Cluster, *, channel_free_s: float = 0.0) -> None:
-        self.cluster = cluster
-        self.slow = 1.0 + (cluster.interference if cluster.world_size > 1 else 0.0)
-        self.t = 0.0  # the compute stream's clock
-        self.timings: list[ChunkTiming] = []  # every chunk issued so far, all steps
-        self._prev_issue, self._prev_end = 0.0, channel_free_s
-        self._busy = 0  # index of the first chunk that may still overlap t
-
-    def run(self, work: float) -> tuple[float, float]:
-        """Run ``work`` seconds of compute from now: at full speed in the channel's idle gaps, slowed inside
-        the busy intervals of the chunks issued so far. Returns (start, end)."""
-        start = t = self.t
-        if self.slow == 1.0:
-            self.t = t + work
-            return start, self.t
-        timings = self.timings
-        while self._busy < len(timings) and timings[self._busy].end_s <= t:
-            self._busy += 1
-        k = self._busy
-        while work > 0:
-            if k == len(timings):
-                t += work
-                break
-            a, b = timings[k].start_s, timings[k].end_s
-            if t < a:  # idle gap before the next chunk
-                if t + work <= a:
-                    t += work
-                    break
-                work -= a - t
-                t = a
-            if work * self.slow <= b - t:
-                t += work * self.slow
-                break
-            work -= (b - t) / self.slow
-            t = b
-            k += 1
-        self.t = t
-        return start, t
-
-    def issue(self, chunk: Chunk, ready_s: Mapping[str, float]) -> ChunkTiming:
-        """Issue ``chunk`` (FIFO): at max(its gradients ready, previous issue), started when the channel is free."""
-        issue = max(max((ready_s[n] for n in chunk.params), default=0.0), self._prev_issue)
-        start = max(issue, self._prev_end)
-        timing = ChunkTiming(chunk=chunk, issue_s=issue, start_s=start, end_s=start + self.cluster.allreduce_s(chunk.nbytes))
-        self.timings.append(timing)
-        self._prev_issue, self._prev_end = issue, timing.end_s
-        return timing
-
-
 class _StepIssuer:
     """Issues one step's chunks in plan order as soon as every gradient each one overlaps is ready."""
 
-    def __init__(self, machine: _Machine, layout: list[Chunk]) -> None:
-        self.machine, self.layout = machine, layout
+    def __init__(self, machine: Machine, layout: list[Chunk], cluster: Cluster) -> None:
+        self.machine, self.layout, self.cluster = machine, layout, cluster
         self.ready: dict[str, float] = {}
         self.timings: list[ChunkTiming] = []
 
@@ -335,7 +283,14 @@ class _StepIssuer:
         for name in names:
             self.ready[name] = at
         while len(self.timings) < len(self.layout) and all(n in self.ready for n in self.layout[len(self.timings)].params):
-            self.timings.append(self.machine.issue(self.layout[len(self.timings)], self.ready))
+            self.timings.append(_send(self.machine, self.layout[len(self.timings)], self.ready, self.cluster))
+
+
+def _send(machine: Machine, chunk: Chunk, ready_s: Mapping[str, float], cluster: Cluster) -> ChunkTiming:
+    """Send ``chunk`` once its gradients are ready (FIFO)."""
+    ready = max((ready_s[n] for n in chunk.params), default=0.0)
+    issue, start, end = machine.send(ready, cluster.allreduce_s(chunk.nbytes))
+    return ChunkTiming(chunk=chunk, issue_s=issue, start_s=start, end_s=end)
 
 
 def _finishes(graph: TrainGraph) -> dict[str, list[str]]:
@@ -349,11 +304,11 @@ def _finishes(graph: TrainGraph) -> dict[str, list[str]]:
 def _barrier_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict[str, float], list[ChunkTiming]]:
     """Op ends and chunk timings of one step (compute ``1/(1 + interference)`` as fast during collectives).
 
-    The ops run in order on a :class:`_Machine`; after each, every next chunk
+    The ops run in order on a :class:`.steady.Machine`; after each, every next chunk
     whose gradients are all ready is issued (FIFO).
     """
-    machine = _Machine(cluster)
-    issuer = _StepIssuer(machine, chunk_layout(graph, plan))
+    machine = Machine(_interference(cluster))
+    issuer = _StepIssuer(machine, chunk_layout(graph, plan), cluster)
     finishes = _finishes(graph)
     end: dict[str, float] = {}
     issuer.gradients_ready((), 0.0)  # chunks of empty parameters only
@@ -402,63 +357,48 @@ def _first_readers_of_buckets(graph: TrainGraph, compute_ops: list[str], home: M
     return needs, [k for k in range(num_buckets) if k not in claimed]
 
 
+def _interference(cluster: Cluster) -> float:
+    return cluster.interference if cluster.world_size > 1 else 0.0
+
+
 def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
+    """The steady state of :mod:`.steady` with every op, and its events and windows."""
     graph, cluster = problem.graph, problem.cluster
     compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
+    position = {op_id: j for j, op_id in enumerate(compute_ops)}
     home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
     needs, unread = _first_readers_of_buckets(graph, compute_ops, home, len(plan.buckets))
-    update_s = _update_costs(graph, plan)
+    settle = {position[op_id]: ks for op_id, ks in needs.items()}
+    if unread:
+        settle[len(compute_ops)] = unread
     layout = chunk_layout(graph, plan)
-    finishes = _finishes(graph)
-    machine = _Machine(cluster)
-
+    update_s = _update_costs(graph, plan)
+    program = StepProgram(
+        work=[graph.ops[o].duration_s for o in compute_ops], settle=settle, update=update_s,
+        chunk_ready=[max((position[graph.params[n].grad_op] for n in c.params), default=-1) for c in layout],
+        chunk_bucket=[c.bucket for c in layout], chunk_time=[cluster.allreduce_s(c.nbytes) for c in layout],
+        interference=_interference(cluster))
     events: list[Event] = []
-    done_prev: dict[int, float] = {}  # bucket -> end of its collective in the previous step
-    step_ends: list[float] = []
-    history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []  # (ready, reached, synced)
+    # per step: when each gradient was ready, when the stream reached each bucket's first reader, synced
+    history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []
 
-    def apply(k: int, step: int) -> None:
-        if done_prev[k] > machine.t:
-            events.append(Event(track="compute", name=f"wait[bucket{k}]", start_s=machine.t, end_s=done_prev[k],
-                                step=step, category="wait", bucket=k))
-            machine.t = done_prev[k]
-        start, end = machine.run(update_s[k])
-        if update_s[k] > 0:
-            events.append(Event(track="compute", name=f"update[bucket{k}]", start_s=start, end_s=end,
-                                step=step, category="optimizer", bucket=k))
+    def record(step: int, starts: list, ends: list, settled: list, chunks: list) -> None:
+        for j, op_id in enumerate(compute_ops):
+            events.append(Event(track="compute", name=op_id, start_s=starts[j], end_s=ends[j], step=step,
+                                category=graph.ops[op_id].phase))
+        for k, _, before, start, end in settled:
+            if start > before:
+                events.append(Event(track="compute", name=f"wait[bucket{k}]", start_s=before, end_s=start,
+                                    step=step, category="wait", bucket=k))
+            if update_s[k] > 0:
+                events.append(Event(track="compute", name=f"update[bucket{k}]", start_s=start, end_s=end,
+                                    step=step, category="optimizer", bucket=k))
+        timings = [ChunkTiming(chunk=c, issue_s=i, start_s=a, end_s=b) for c, (i, a, b) in zip(layout, chunks)]
+        events.extend(_comm_events(timings, plan, step))
+        ready = {name: ends[position[p.grad_op]] for name, p in graph.params.items()}
+        history.append((ready, {k: reached for k, reached, *_ in settled}, _synced(timings)))
 
-    for step in range(_MAX_STEPS):
-        issuer = _StepIssuer(machine, layout)
-        issuer.gradients_ready((), machine.t)
-        reached: dict[int, float] = {}  # bucket -> when the stream reached its first reader
-        for op_id in compute_ops:
-            if step > 0 and op_id in needs:
-                arrived = machine.t
-                for k in needs[op_id]:
-                    reached[k] = arrived
-                    apply(k, step)
-            op = graph.ops[op_id]
-            start, end = machine.run(op.duration_s)
-            events.append(Event(track="compute", name=op_id, start_s=start, end_s=end, step=step, category=op.phase))
-            if op_id in finishes:
-                issuer.gradients_ready(finishes[op_id], end)
-        if step > 0:
-            arrived = machine.t
-            for k in unread:
-                reached[k] = arrived
-                apply(k, step)
-        step_ends.append(machine.t)
-        timings = issuer.timings
-        events += _comm_events(timings, plan, step)
-        done_prev = {k: 0.0 for k in range(len(plan.buckets))}
-        for c in timings:
-            done_prev[c.chunk.bucket] = max(done_prev[c.chunk.bucket], c.end_s)
-        history.append((issuer.ready, reached, _synced(timings)))
-        if _converged(step_ends):
-            break
-
-    periods = [b - a for a, b in zip(step_ends, step_ends[1:])]
-    period = periods[-1] if _converged(step_ends) else sum(periods[-4:]) / len(periods[-4:])
+    run = run_steady_state(program, on_step=record)
     # Windows of the second-to-last step: ready there, needed in the last step.
     ready, _, synced = history[-2]
     _, reached_next, _ = history[-1]
@@ -467,24 +407,15 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
         for name in graph.params
     }
     compute = _compute_total(graph)
-    comm = sum(cluster.allreduce_s(c.nbytes) for c in layout)
     return Timeline(
         mode="overlap",
-        iteration_s=period,
+        iteration_s=run.period,
         compute_s=compute,
-        comm_s=comm,
-        exposed_comm_s=max(period - compute, 0.0),
+        comm_s=sum(program.chunk_time),
+        exposed_comm_s=max(run.period - compute, 0.0),
         lower_bound_s=lower_bound(problem),
         windows=windows,
         events=tuple(sorted(events, key=lambda e: (e.start_s, e.track))),
-        num_steps=len(step_ends),
+        num_steps=run.num_steps,
+        converged=run.converged,
     )
-
-
-def _converged(step_ends: list[float]) -> bool:
-    """True once the last three periods agree (the steady state is reached)."""
-    if len(step_ends) < 5:
-        return False
-    periods = [b - a for a, b in zip(step_ends[-4:], step_ends[-3:])]
-    scale = max(abs(p) for p in periods) or 1.0
-    return max(periods) - min(periods) <= _TOL * scale + 1e-15

@@ -35,15 +35,17 @@ _BITS = re.compile(r"^(?P<prefix>[kmgt]?)(?:bps|bit/s|bits/s|b/s)$")
 # Bytes per second: "B/s", "Bps" (capital B) with decimal or binary prefix.
 _BYTES = re.compile(r"^(?P<prefix>[kKmMgGtT]i?)?(?:B/s|Bps)$")
 
+#: Seconds per unit as (numerator, denominator): dividing by 10**6 is exact where multiplying by
+#: 1e-6 is not (20 * 1e-6 == 1.9999999999999998e-05).
 _DURATION = {
-    "s": 1.0,
-    "sec": 1.0,
-    "ms": 1e-3,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "μs": 1e-6,
-    "ns": 1e-9,
-    "min": 60.0,
+    "s": (1, 1),
+    "sec": (1, 1),
+    "ms": (1, 10**3),
+    "us": (1, 10**6),
+    "µs": (1, 10**6),
+    "μs": (1, 10**6),
+    "ns": (1, 10**9),
+    "min": (60, 1),
 }
 
 _SIZE = {
@@ -116,7 +118,8 @@ def parse_duration(text: str | float) -> float:
         raise UnitError(
             f"bad duration {text!r}: unknown unit {unit!r} (use s, ms, us or ns)"
         )
-    result = value * _DURATION[unit]
+    numerator, denominator = _DURATION[unit]
+    result = value * numerator / denominator
     if result < 0:
         raise UnitError(f"bad duration {text!r}: must not be negative")
     return result

@@ -6,7 +6,10 @@ why); CP-SAT gets them as ``T >=`` constants and reports the best when it proves
 - :func:`ready_time_bound`, :func:`profile_bound` (``barrier``): the bucketing DP with every
   gradient ready at its earliest, and with the y-th byte ready after the least work that readies
   y bytes (:func:`work_profile`: :class:`ClosureKnapsack` on a grid, :func:`closure_hull` between).
+- :func:`window_bound` (``overlap``): the work and bytes inside each gradient's transfer window.
 - :func:`channel_bound` (``overlap``): calls against channel idle at both ends of the period.
+- :func:`anchor_bound` (``overlap``): one large gradient, delayed by the work done before its
+  bucket starts or followed by the bytes that work leaves unready.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-__all__ = ["ClosureKnapsack", "WorkProfile", "bucket_ends", "channel_bound", "closure_hull",
-           "coupled_channel_bound", "pieces", "profile_bound", "ready_time_bound", "work_profile"]
+__all__ = ["ClosureKnapsack", "WorkProfile", "anchor_bound", "bucket_ends", "channel_bound", "closure_hull",
+           "coupled_channel_bound", "pieces", "profile_bound", "ready_time_bound", "window_bound", "work_profile"]
 
 #: The work profile (:func:`work_profile`): the points it solves at most, the uniform points it
 #: starts from, the deterministic time (CP-SAT's clock, about a second on this machine) per point,
@@ -247,7 +250,8 @@ CHANNEL_BOUND_PIECES, CHANNEL_BOUND_ANCHORS = 2000, 8
 CHANNEL_BOUND_SPLITS, CHANNEL_BOUND_ROWS = (0.2, 0.4, 0.6, 0.8), 64
 
 
-def channel_bound(release: list[int], tail: list[int], cost: list[int], call: int) -> int:
+def channel_bound(release: list[int], tail: list[int], cost: list[int], call: int, *,
+                  until: float | None = None) -> int:
     """A lower bound on the ``overlap`` period from the channel alone, in ticks.
 
     Unit u's bytes (``cost[u]`` ticks on the channel) leave no earlier than ``release[u]`` after
@@ -275,7 +279,8 @@ def channel_bound(release: list[int], tail: list[int], cost: list[int], call: in
 
     Both sides want the same bytes (the last layers: ready first, read last), which the bound
     above lets each have; :func:`coupled_channel_bound` shares them out. The result is the best of
-    both over the anchors with the largest ``release + tail``.
+    both over the anchors with the largest ``release + tail``; the coupled splits stop once
+    ``time.perf_counter()`` passes ``until`` (each is a valid bound alone).
     """
     U = len(cost)
     if U == 0:
@@ -297,6 +302,8 @@ def channel_bound(release: list[int], tail: list[int], cost: list[int], call: in
         fits = j >= 0
         best = max(best, call + total + float(np.min(phi[fits] + psi[j[fits]])) - 4 * delta)
     for split in CHANNEL_BOUND_SPLITS:
+        if until is not None and time.perf_counter() > until:
+            break
         best = max(best, coupled_channel_bound(release, tail, cost, call, anchors, split, delta))
     return max(int(np.floor(best)), 0)
 
@@ -400,4 +407,91 @@ def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], 
         value = float(np.min(phi + right))
         if np.isfinite(value):
             best = max(best, call + total + value - 4 * delta)
+    return best
+
+
+def window_bound(*, work_ticks: np.ndarray, finished_below: np.ndarray, readers: list[int], call_ticks: int,
+                 transfer_ticks: list[int], least_update_ticks: list[int]) -> int:
+    """A lower bound on the ``overlap`` period from the work inside transfer windows, in ticks.
+
+    ``work_ticks[w, j]``: the work that must run between the start of forward op j and the end of
+    unit w's op (0 when that op is not below j); ``finished_below[w, u]``: unit u's op is unit w's
+    op or below it; ``readers[u]``: u's first reader. A unit finished at or below w's op and read
+    first at or before j is sent after w ends and must be back before j starts again one period
+    later, so
+
+        T >= work[w, j] + call + (transfer of those units)             (w below j)
+        T >= work[u, reader(u)] + call + transfer_u + least update_u     (every unit u)
+
+    where the least update is that of u's parameter with the least (a plan may split u; its last
+    part's update comes after all of u's bytes).
+    """
+    nf, U = work_ticks.shape[1], len(readers)
+    reader = np.array(readers)
+    c = np.array(transfer_ticks, dtype=np.float64)
+    W = work_ticks.astype(np.float64)
+    per_unit = W[np.arange(U), reader] + call_ticks + c + np.array(least_update_ticks, dtype=np.float64)
+    read_by = reader[:, None] <= np.arange(nf)[None, :]  # [u, j]
+    window_bytes = (finished_below * c) @ read_by  # [w, j]
+    windows = np.where((W > 0) & (window_bytes > 0), W + call_ticks + window_bytes, 0)
+    return int(round(max(per_unit.max(initial=0), windows.max(initial=0))))
+
+
+def anchor_bound(*, op_ticks: list[int], edges: set[tuple[int, int]], items: list[tuple[int, int, int, int]],
+                 call_ticks: int, anchors: int, points: int, point_det_s: float,
+                 until: float | None = None) -> int | None:
+    """A lower bound on the ``overlap`` period from one large gradient (the anchor), in ticks.
+
+    ``items``: per parameter ``(op, release, tail, transfer)`` in ticks, as for
+    :func:`channel_bound` (times from the step's first backward op); ``op_ticks`` and ``edges``:
+    the backward ops and their DAG. Take an anchor a, its bucket's start S, and X the backward
+    work done by S besides a's op and its ancestors (``release[a]``), so ``S >= release[a] + X``:
+
+        T >= release[a] + X + call + c[a] + tail[a]                                  (a's cycle)
+
+    and the bytes not ready by S, at least ``c(others) - P(X)``, go in later buckets:
+
+        T >= release[a] + X + 2 call + c[a] + c(others) - P(X) + least tail of the others
+
+    P(X), the most bytes of the other parameters any closed set of ops holding a's ancestors and X
+    more work finishes, is a knapsack: CP-SAT's proven upper bound (``point_det_s`` deterministic
+    seconds each) on ``points`` values of X (between points the lower X for the first line, the
+    higher for P). T is at least the least, over X, of the larger line. GPT-2's tied embedding:
+    finished last, read first, 24 ms on 64 x 100 GbE; doing the other layers' weight-gradient ops
+    before it delays it, leaving them for later queues their 54 ms of bytes behind it (116.2 ->
+    117.8 ms over the window bound). The ``anchors`` parameters with the largest
+    ``release + c + tail`` are tried. None when ``time.perf_counter()`` passes ``until`` first.
+    """
+    if not items:
+        return 0
+    op, release, tail, cost = (list(x) for x in zip(*items))
+    n = len(op_ticks)
+    dag = nx.DiGraph(list(edges))
+    dag.add_nodes_from(range(n))
+    best = 0
+    for a in sorted(range(len(cost)), key=lambda i: -(release[i] + cost[i] + tail[i]))[:anchors]:
+        others = [i for i in range(len(cost)) if i != a]
+        done = nx.ancestors(dag, op[a]) | {op[a]}
+        spare = [v for v in range(n) if v not in done]
+        if not others or not spare:
+            continue
+        own = [0] * n
+        for i in others:
+            own[op[i]] += cost[i]
+        ready = sum(own[v] for v in done)  # finished with a's ancestors
+        knapsack = ClosureKnapsack(op_ticks, own, dag, spare, point_det_s)
+        grid = np.linspace(0, knapsack.work, points + 1)
+        most = []
+        for x in grid:
+            if until is not None and time.perf_counter() > until:
+                return None
+            most.append(ready + knapsack.most_bytes(int(x)))
+        c_others, tail_others = sum(cost[i] for i in others), min(tail[i] for i in others)
+        lines = []
+        for k in range(points):
+            cycle = release[a] + grid[k] + call_ticks + cost[a] + tail[a]
+            late = c_others - most[k + 1]
+            queued = (release[a] + grid[k] + 2 * call_ticks + cost[a] + late + tail_others) if late > 0 else 0
+            lines.append(max(cycle, queued))
+        best = max(best, int(np.floor(min(lines))))
     return best

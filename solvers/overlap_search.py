@@ -8,11 +8,12 @@ gradients back so that the first layers' bucket is not stuck behind them.
 No closed form decides how much to hold back, so this module searches.
 
 :class:`SteadyState` evaluates a bucketing quickly for a fixed compute order
-and one chunk per bucket, with the simulator's semantics (an update runs
-right before the first op of the next step that reads its bucket, once the
-bucket's collective has ended; FIFO channel; period of the steady state).
-Per step it does ``O(units + buckets)`` work instead of walking every op,
-so a search tries thousands of bucketings a second.
+and one chunk per bucket on the simulator's own engine (:mod:`schedopt.steady`:
+an update runs right before the first op of the next step that reads its
+bucket, once the bucket's collective has ended; FIFO channel; interference;
+period of the steady state), the ops between two points of interest merged
+into one piece of work: per step ``O(buckets)`` work instead of walking
+every op, so a search tries thousands of bucketings a second.
 
 :func:`improve_buckets` is an iterated first-improvement local search from a
 given bucketing. Moves: one unit to another bucket or a new last one; the
@@ -28,18 +29,17 @@ from __future__ import annotations
 
 import random
 import time
-from bisect import bisect_right
 from itertools import accumulate
 from typing import Sequence
 
 from schedopt.problem import Problem
 from schedopt.simulate import update_costs
+from schedopt.steady import StepProgram, run_steady_state
 
 from .common import first_readers
 
 __all__ = ["SteadyState", "improve_buckets"]
 
-_MAX_STEPS = 32
 #: The search moves on from a local optimum up to this much worse than the one it left.
 ACCEPT_WORSE = 0.003
 #: A kick: this many random moves (least, most). Inception on 64 x 100 GbE, 150k evaluations, 4 seeds,
@@ -69,47 +69,31 @@ class SteadyState:
         self.bytes_s = [cluster.seconds_per_byte * sum(graph.params[n].nbytes for n in u) for u in self.units]
         self.update_s = [sum(per_param[n] for n in u) for u in self.units]
         self.fixed_s = cluster.fixed_s
+        self.interference = cluster.interference if cluster.world_size > 1 else 0.0
 
     def period(self, buckets: Sequence[Sequence[int]]) -> float:
-        """Return the steady-state period of ``buckets`` (lists of unit indices, in collective order)."""
-        prefix, grad_pos = self.prefix, self.grad_pos
-        B = len(buckets)
-        size = [self.fixed_s + sum(self.bytes_s[u] for u in b) for b in buckets]
-        upd = [sum(self.update_s[u] for u in b) for b in buckets]
-        first = [min(self.reader[u] for u in b) for b in buckets]
-        last_ready_pos = [max(grad_pos[u] for u in b) for b in buckets]
-        need_order = sorted(range(B), key=lambda k: first[k])
-        need_pos = [first[k] for k in need_order]
-        done_prev = [0.0] * B
-        t_start, channel = 0.0, 0.0
-        starts: list[float] = []
-        for step in range(_MAX_STEPS):
-            starts.append(t_start)
-            # compute stream: delays accumulate at the update points, in position order
-            delay_at: list[float] = []  # cumulative delay after the k-th update point
-            delay = 0.0
-            for k in need_order:
-                if step > 0:
-                    t = t_start + prefix[first[k]] + delay
-                    t = max(t, done_prev[k]) + upd[k]
-                    delay = t - t_start - prefix[first[k]]
-                delay_at.append(delay)
-            end_of_step = t_start + prefix[-1] + delay
-            # channel, FIFO in collective order
-            for k in range(B):
-                p = last_ready_pos[k]
-                j = bisect_right(need_pos, p) - 1  # update points at or before op p delay it
-                ready = t_start + prefix[p + 1] + (delay_at[j] if j >= 0 else 0.0)
-                channel = max(channel, ready) + size[k]
-                done_prev[k] = channel
-            t_start = end_of_step
-            if len(starts) >= 5:
-                periods = [b - a for a, b in zip(starts[-4:], starts[-3:])]
-                if max(periods) - min(periods) <= 1e-12 * max(periods) + 1e-15:
-                    return periods[-1]
-        starts.append(t_start)
-        periods = [b - a for a, b in zip(starts[-5:], starts[-4:])]
-        return sum(periods) / len(periods)
+        """Return the steady-state period of ``buckets`` (lists of unit indices, in collective order).
+
+        The ops between two points where something happens (a bucket settled before its first
+        reader, a bucket sent after its last gradient) run as one piece of work, which is exact
+        (:mod:`schedopt.steady`); a plan that does not settle gets the mean of its last periods
+        (the plan the search returns is simulated again, and that timeline says so).
+        """
+        prefix, grad_pos, reader = self.prefix, self.grad_pos, self.reader
+        first = [min(map(reader.__getitem__, b)) for b in buckets]
+        ready = [grad_pos[max(b)] + 1 for b in buckets]  # the op after which it is sent (units in ready order)
+        cuts = sorted({0, len(prefix) - 1, *first, *ready})
+        piece = {c: i for i, c in enumerate(cuts)}
+        settle: dict[int, list[int]] = {}
+        for k in sorted(range(len(buckets)), key=first.__getitem__):
+            settle.setdefault(piece[first[k]], []).append(k)
+        program = StepProgram(
+            work=[prefix[b] - prefix[a] for a, b in zip(cuts, cuts[1:])], settle=settle,
+            update=[sum(map(self.update_s.__getitem__, b)) for b in buckets],
+            chunk_ready=[piece[r] - 1 for r in ready], chunk_bucket=range(len(buckets)),
+            chunk_time=[self.fixed_s + sum(map(self.bytes_s.__getitem__, b)) for b in buckets],
+            interference=self.interference)
+        return run_steady_state(program).period
 
     def ready_order_buckets(self, buckets: Sequence[Sequence[str]]) -> list[list[int]]:
         """Translate buckets of parameter names to unit indices (a unit goes with its earliest bucket)."""

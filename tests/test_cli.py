@@ -216,6 +216,8 @@ def test_overlap_compare_measures_speedups_against_ddp_as_torch_runs_it(tmp_path
     (["--solver", "pytorch-ddp", "--seed", "-1"], "option seed must be an integer from 0"),
     (["--solver", "cpsat", "--option", "num_workers=1.5"], "option num_workers must be an integer, got 1.5"),
     (["--solver", "cpsat", "--option", "max_buckets=0"], "option max_buckets must be an integer from 1"),
+    (["--solver", "cpsat", "--option", 'tuning={"nope": 1}'], "cpsat has no tuning 'nope'"),
+    (["--solver", "cpsat", "--option", 'tuning={"bound_phase_share": 2}'], "bound_phase_share must be a finite number above 0 and at most 1, got 2"),
     (["--solver", "caramel", "--option", "max_chunks=1e9"], "option max_chunks must be an integer"),
     (["--solver", "caramel", "--option", "max_chunks=5000"], "from 1 to 1024, got 5000"),
     (["--solver", "horovod", "--option", "cycle_time_ms=0"], "option cycle_time_ms must be a finite number above 0"),

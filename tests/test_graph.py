@@ -135,3 +135,28 @@ def test_transformer_like_has_the_gpt2_small_layout():
     assert graph.params["wte.weight"].grad_op == "wte.weight.accumulate_grad"
     acc = graph.ops["wte.weight.accumulate_grad"]
     assert set(graph.dag.predecessors(acc.id)) == {"wte.grad_weight", "lm_head.grad_weight"}
+
+
+def test_a_train_graph_is_immutable_so_its_cached_totals_stay_true():
+    import pickle
+
+    import networkx as nx
+
+    from schedopt.synthetic import chain
+
+    graph = chain(3)
+    totals = graph.totals
+    with pytest.raises(TypeError, match="immutable"):
+        graph.ops["extra"] = graph.ops[next(iter(graph.ops))]
+    with pytest.raises(TypeError, match="immutable"):
+        graph.params.pop(next(iter(graph.params)))
+    with pytest.raises(TypeError, match="immutable"):
+        graph.meta["device"] = "other"
+    with pytest.raises(nx.NetworkXError):
+        graph.dag.add_edge("a", "b")
+    with pytest.raises(AttributeError, match="immutable"):
+        graph.name = "other"
+    with pytest.raises(Exception):
+        totals.forward_s = 0.0
+    copy = pickle.loads(pickle.dumps(graph))  # the forked searches receive graphs by pickle
+    assert copy.fingerprint == graph.fingerprint and copy.totals == totals

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the importers need the torch extra")
+import torch  # make setup installs it: a missing torch fails the suite, it does not shrink it
 
 from schedopt import GraphImportError, TrainGraph  # noqa: E402
 from schedopt.importers import from_onnx, from_torch, load_factory  # noqa: E402

@@ -95,15 +95,16 @@ def test_search_result_is_a_partition_and_deterministic():
 def test_cpsat_window_bound_holds_for_every_bucketing_tried(network, world_size):
     # the overlap model's constant bound is valid for its forward order: no bucketing the search
     # or a random draw visits (backward in the plan's order) has a shorter period
-    from schedopt.solvers.cpsat import HORIZON_TICKS, _OverlapModel
+    from schedopt.solvers.cpsat import CpsatOptions
+    from schedopt.solvers.cpsat.overlap import OverlapModel
 
     graph = transformer_like(3)
     problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode="overlap")
     plan = get("caramel")(problem)
-    tick = plan.predicted.iteration_s / HORIZON_TICKS
+    tick = plan.predicted.iteration_s / CpsatOptions().horizon_ticks
     forward = [o for o in plan.order if graph.ops[o].phase == "forward"]
     backward = [o for o in plan.order if graph.ops[o].phase == "backward"]
-    model = _OverlapModel(problem, forward, backward, tick, 4)
+    model = OverlapModel(problem, forward, backward, tick, 4, CpsatOptions())
     bound = model.window_bound * tick
     assert bound > plan.predicted.lower_bound_s * 0.5  # not vacuous
     state = SteadyState(problem, plan.order)
@@ -118,11 +119,13 @@ def test_cpsat_window_bound_holds_for_every_bucketing_tried(network, world_size)
 def test_cpsat_warm_starts_are_the_same_searched_in_parallel_processes():
     """With two workers the two starts' searches run in forked processes; the plans they find are the
     ones the in-process search finds (each search ends on its evaluation count, not the clock)."""
-    from schedopt.solvers.cpsat import _warm_starts
+    from schedopt.solvers.cpsat import CpsatOptions
+    from schedopt.solvers.cpsat.deadline import Deadline
+    from schedopt.solvers.cpsat.warm import warm_starts
 
     problem = Problem(execution="compiled", graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=64), mode="overlap")
-    sequential = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=1)
-    parallel = _warm_starts(problem, seed=0, time_limit_s=60, num_workers=2)
+    sequential = warm_starts(problem, CpsatOptions(num_workers=1), Deadline(60))
+    parallel = warm_starts(problem, CpsatOptions(num_workers=2), Deadline(60))
     assert [(t, p.order, p.buckets) for t, p in sequential] == [(t, p.order, p.buckets) for t, p in parallel]
     assert any(p.solver.name == "overlap-search" for _, p in parallel)
 
@@ -131,11 +134,13 @@ def _hang(*args):
     time.sleep(600)
 
 
-def test_a_search_process_that_hangs_is_killed(monkeypatch):
-    from schedopt.solvers import cpsat
+def test_a_search_process_that_hangs_is_killed_and_the_solve_says_so(monkeypatch):
+    from schedopt.solvers.cpsat import warm
 
-    monkeypatch.setattr(cpsat, "_search_buckets", _hang)
-    monkeypatch.setattr(cpsat, "SEARCH_GRACE_S", 0.5)
+    monkeypatch.setattr(warm, "search_buckets", _hang)
+    notes = {}
     started = time.perf_counter()
-    assert cpsat._run_searches([("job", 0.1), ("job", 0.1)], processes=2) == []
+    jobs = [("problem", "order", "buckets", 0, 0.1, "options")] * 2
+    assert warm.run_searches(jobs, processes=2, grace_s=0.5, notes=notes) == []
     assert time.perf_counter() - started < 30
+    assert "stopped" in notes["search"]

@@ -1,0 +1,28 @@
+"""What every bench result carries: the commit, the machine and the arguments it came from."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def provenance(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``commit`` (``+dirty`` with uncommitted changes), ``machine`` and ``arguments``."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain") else ""),
+            "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                        "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+            "arguments": arguments}
+
+
+def write_result(path: str | Path, rows: list[dict[str, Any]], arguments: dict[str, Any]) -> None:
+    """Write ``{"rows": rows, "commit": ..., "machine": ..., "arguments": ...}`` as JSON."""
+    Path(path).write_text(json.dumps({"rows": rows, **provenance(arguments)}, indent=1, default=str) + "\n")

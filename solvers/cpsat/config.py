@@ -1,0 +1,126 @@
+"""What a CP-SAT solve may do: one frozen, validating dataclass (the user's options and the tuning).
+
+The first four fields are the solver's options (``--time-limit``, ``--seed``,
+``--option num_workers=...``, ``--option max_buckets=...``); the rest are tuning
+that a researcher may change through ``tuning={...}`` and a test may shrink.
+The figures beside each were measured when it was chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from schedopt.errors import SolverError
+
+from ..options import SEED_MAX
+
+__all__ = ["CpsatOptions"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CpsatOptions:
+    """Every setting of one CP-SAT solve; invalid values raise :class:`SolverError` naming the field."""
+
+    #: The whole call ends within this plus 2 s (heuristics, searches, both CP-SAT phases).
+    time_limit_s: float = 60.0
+    num_workers: int = 2
+    seed: int = 0
+    #: Candidate buckets in the model (default: the warm start's count + 2, at least 8, at most the units).
+    max_buckets: int | None = None
+
+    #: Overlap mode: the bucket search starts from the best plan of this many distinct op orders.
+    search_orders: int = 2
+    #: The share of CP-SAT's time spent raising the bound (objective lower-bound search) after searching.
+    bound_phase_share: float = 0.3
+    #: Overlap mode: the periods each start's search may evaluate, over all its rounds. 50k take 2-4 s
+    #: on the example models, so the searches end on this count, not on the clock, when they run in
+    #: parallel. From Caramel's start, 4 seeds, mean period: Inception 64 x 100 GbE 21.54 ms with
+    #: three rounds of 300k in all, 21.48 with one, 21.40 the best of two seeds of 150k (spread
+    #: 21.1-21.9 in each: the seed matters more); GPT-2 small 64 x 100 GbE 123.09 with the rounds,
+    #: 124.19 the best of two seeds of 150k.
+    search_evaluations: int = 300_000
+    #: ... and at most this many per unit (small problems converge long before; tests stay fast).
+    search_evaluations_per_unit: int = 2_000
+    #: Overlap mode: the bucket search's rounds (shares of its evaluations and time); after each, the
+    #: backward order becomes the bucket-first order of its result if that is faster, and the next
+    #: round goes on from there (GPT-2 small on 64 x 100 GbE: 126.0 -> 123.5 ms over three rounds).
+    search_round_shares: tuple[float, ...] = (0.5, 0.25, 0.25)
+    #: Overlap mode: a search process still running this long after its share of the time is killed.
+    search_grace_s: float = 1.0
+    #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely
+    #: improves on the search's plan in the large cases; the search does, given time). With two or
+    #: more workers the starts search in parallel processes (the search is pure Python and CP-SAT
+    #: has not started), each for this share; else one after the other, splitting it.
+    search_share: float = 0.5
+    #: The share of the time limit each heuristic's own search may use (Caramel's chunk trials: 40 s
+    #: unbounded on transformer_like(96), one 0.4 s simulation per trial).
+    heuristic_share: float = 0.1
+    #: The horizon of the best warm start, in ticks.
+    horizon_ticks: int = 1_000_000
+    #: Above this many variables CP-SAT's presolve does not finish within a minute on 2 workers
+    #: (transformer_like(96) at aten granularity: no solution with it, the hint and a 2.3% bound without).
+    presolve_max_variables: int = 50_000
+    #: Overlap mode: above this many (unit, bucket) pairs CP-SAT is not run; the warm start is
+    #: returned with the model's constant bound. Its initial propagation of the cyclic model ignores
+    #: the time limit (transformer_like(96): 1,156 units x 390 buckets, 56 s for a 10 s limit;
+    #: transformer_like(48), 123k variables: 65 s for 60) and it found nothing beyond the warm start
+    #: there; the example models have at most 190 units (Inception), so fewer than 50k pairs even with
+    #: a bucket per unit.
+    overlap_max_pairs: int = 50_000
+    #: Barrier mode: the work profile (:func:`..bounds.work_profile`) may take at most this share of
+    #: the time limit (and :data:`..bounds.PROFILE_WALL_S`).
+    profile_share: float = 0.05
+    #: The anchor bound (:func:`..bounds.anchor_bound`): anchors tried, knapsack points each, and the
+    #: deterministic time per knapsack (GPT-2: the second anchor's knapsacks ran into the limit, 8 s
+    #: for nothing; the first's take 1 s together, all solved).
+    anchor_bound_anchors: int = 1
+    anchor_bound_points: int = 24
+    anchor_point_det_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "max_buckets" and value is None:
+                continue
+            if f.name == "search_round_shares":
+                if not value or not all(_positive(s) and s <= 1 for s in value):
+                    raise SolverError(f"cpsat option {f.name} must be shares in (0, 1], got {value!r}")
+                continue
+            if f.type.startswith("int"):
+                low = 0 if f.name == "seed" else 1
+                high = SEED_MAX if f.name == "seed" else math.inf
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    raise SolverError(f"cpsat option {f.name} must be an integer from {low}"
+                                      f"{'' if high == math.inf else f' to {high}'}, got {value!r}")
+            elif not _positive(value) or (f.name.endswith("_share") and value > 1):
+                limit = " and at most 1" if f.name.endswith("_share") else ""
+                raise SolverError(f"cpsat option {f.name} must be a finite number above 0{limit}, got {value!r}")
+
+    @classmethod
+    def make(cls, tuning: Mapping[str, Any] | None = None, **options: Any) -> "CpsatOptions":
+        """The options with ``tuning`` applied; an unknown tuning name raises :class:`SolverError`."""
+        tuning = dict(tuning or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(tuning) - known) + sorted(set(tuning) & set(options))
+        if unknown:
+            raise SolverError(f"cpsat has no tuning {', '.join(map(repr, unknown))}; tuning: "
+                              f"{', '.join(sorted(known - set(options)))}")
+        return cls(**options, **tuning)
+
+    def asked(self) -> dict[str, Any]:
+        """The user's options and every tuning that differs from its default (for ``SolverInfo.options``)."""
+        default = CpsatOptions()
+        out = {"time_limit_s": self.time_limit_s, "num_workers": self.num_workers, "seed": self.seed}
+        if self.max_buckets is not None:
+            out["max_buckets"] = self.max_buckets
+        for f in fields(self)[4:]:
+            if getattr(self, f.name) != getattr(default, f.name):
+                out[f.name] = getattr(self, f.name)
+        return out
+
+
+def _positive(value: Any) -> bool:
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            and value > 0)

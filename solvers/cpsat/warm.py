@@ -1,0 +1,140 @@
+"""Warm starts: every heuristic, the exact contiguous bucketing, and (``overlap``) a bucket search.
+
+The best of them is CP-SAT's hint and the plan returned when CP-SAT finds
+nothing better. In ``overlap`` mode the local search of
+:mod:`..overlap_search` runs from the best plans of distinct orders: buckets
+sent out of ready order, which no heuristic tries, are where most of overlap
+mode's gain is. It runs in rounds; after each, the backward order becomes the
+*bucket-first* order of the buckets found (:func:`..common.bucket_first_order`)
+when that is faster, so gradients the search holds back also let their ops
+wait (GPT-2 small, 8 x 100 GbE: 119.2 -> 117.6 ms).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from dataclasses import replace
+from typing import Any
+
+from schedopt.orders import engine_order
+from schedopt.plan import Plan, SolverInfo
+from schedopt.problem import Problem
+from schedopt.simulate import simulate
+
+from ..bucketing import optimal_contiguous_buckets
+from ..caramel import caramel_order
+from ..common import bucket_first_order, split_chunks
+from ..overlap_search import SteadyState, improve_buckets
+from ..registry import SOLVERS
+from .config import CpsatOptions
+from .deadline import Deadline
+from .phases import dead_forward, defer_dead_forward
+
+__all__ = ["warm_starts", "run_searches", "search_buckets"]
+
+
+def warm_starts(problem: Problem, options: CpsatOptions, deadline: Deadline,
+                notes: dict[str, Any] | None = None) -> list[tuple[float, Plan]]:
+    """The heuristics' plans, the exact contiguous bucketing of the engine and Caramel orders (each
+    also with :func:`.phases.dead_forward`'s ops deferred) and, in ``overlap`` mode, the local search of
+    :mod:`.overlap_search` from the best plans of distinct orders; each with its simulated iteration
+    time (every plan is simulated once: at scale that is most of the cost). What went wrong on the way
+    (a search stopped, no processes) is written to ``notes``."""
+    graph = problem.graph
+    seed, notes = options.seed, {} if notes is None else notes
+    heuristics = (SOLVERS[name](problem, seed=seed, time_limit_s=deadline.share(options.heuristic_share))
+                  for name in SOLVERS if name != "cpsat")
+    scored = [(plan.predicted.iteration_s, plan) for plan in heuristics]
+
+    def add(order, buckets, name: str) -> None:
+        plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name))
+        scored.append((simulate(problem, plan).iteration_s, plan))
+
+    for k, (t, plan) in enumerate(scored):  # Caramel's chunks as buckets: never slower, and the model has none
+        if any(b.chunks > 1 for b in plan.buckets):
+            split = replace(plan, buckets=tuple(split_chunks(graph, plan.buckets)), predicted=None,
+                            solver=replace(plan.solver, name=f"{plan.solver.name}-split"))
+            t_split = simulate(problem, split).iteration_s
+            if t_split <= t:
+                scored[k] = (t_split, split)
+    dead = dead_forward(graph, problem.mode) if problem.reorders else set()
+    orders = list(dict.fromkeys((tuple(engine_order(graph)), tuple(caramel_order(problem)))))
+    orders += [deferred for order in orders if (deferred := defer_dead_forward(graph, order, dead)) != order]
+    for order in orders:
+        add(order, optimal_contiguous_buckets(graph, order, problem.cluster)[0], "contiguous-dp")
+    _, best = min(scored, key=lambda tp: tp[0])
+    buckets = [b.params for b in best.buckets]
+    if problem.reorders and (rerun := bucket_first_order(graph, best.order, buckets)) != list(best.order):
+        add(rerun, buckets, f"{best.solver.name}-bucket-first")
+    if problem.mode != "overlap" or problem.cluster.world_size == 1 or not graph.params:
+        return scored
+    # the best plan per order, an order and its deferred variant counting as one (distinct starts
+    # matter: the search's result depends on the order much more than on the deferral)
+    by_order: dict[tuple[str, ...], tuple[float, Plan]] = {}
+    for t, plan in scored:
+        key = tuple(o for o in plan.order if o not in dead)
+        if key not in by_order or t < by_order[key][0]:
+            by_order[key] = (t, plan)
+    starts = sorted(by_order.values(), key=lambda tp: tp[0])[:options.search_orders]
+    # one process per start when the workers allow: the search is pure Python and CP-SAT has not
+    # started yet, so the other core would idle (each start then gets the whole share of the time).
+    # Each start has its own seed: the search's basin depends on it (Inception, 64 x 100 GbE, seeds
+    # 0-3: 3.96%, 5.71%, 3.56%, 5.15% gap with one seed for both starts; 5.15% -> 4.36% for seed 3)
+    processes = min(options.num_workers, len(starts))
+    time_s = deadline.share(options.search_share) * processes / len(starts)
+    jobs = [(problem, list(plan.order), [list(b.params) for b in plan.buckets], seed + 1000 * k, time_s, options)
+            for k, (_, plan) in enumerate(starts)]
+    for found in run_searches(jobs, processes, options.search_grace_s, notes):
+        for order, buckets, t in found:
+            scored.append((t, Plan.for_problem(problem, order=order, buckets=buckets,
+                                               solver=SolverInfo(name="overlap-search"))))
+    return scored
+
+
+def run_searches(jobs: list[tuple], processes: int, grace_s: float,
+                 notes: dict[str, Any]) -> list[list[tuple[list[str], list[list[str]], float]]]:
+    """:func:`search_buckets` for every job (its time is the fifth field), in ``processes`` forked
+    processes when more than one.
+
+    Fork, not spawn: the children need nothing from ``__main__`` (spawn would rerun a script that has
+    no main guard). Children still running ``grace_s`` past their time are killed, never waited for,
+    and the searches count as having found nothing (``notes["search"]`` says so); without processes
+    (or when they cannot start) the jobs run here, one after the other, each in its share of the time.
+    """
+    if processes <= 1:
+        return [search_buckets(*job) for job in jobs]
+    try:
+        pool = multiprocessing.get_context("fork").Pool(processes)
+    except OSError as error:
+        notes["search"] = f"no search processes ({error}); the starts searched one after the other"
+        return [search_buckets(*job[:4], job[4] / processes, *job[5:]) for job in jobs]
+    try:
+        return pool.starmap_async(search_buckets, jobs).get(timeout=max(job[4] for job in jobs) + grace_s)
+    except multiprocessing.TimeoutError:
+        notes["search"] = f"the bucket search overran its time by {grace_s:g} s and was stopped; nothing kept"
+        return []
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def search_buckets(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,
+                   time_s: float, options: CpsatOptions) -> list[tuple[list[str], list[list[str]], float]]:
+    """Rounds of :func:`.overlap_search.improve_buckets` from one start, each followed by the
+    bucket-first order of what it found (kept when faster); every plan met, with its period."""
+    found = []
+    for k, share in enumerate(options.search_round_shares):
+        state = SteadyState(problem, order)
+        evaluations = min(options.search_evaluations, options.search_evaluations_per_unit * len(state.units))
+        result, _ = improve_buckets(state, state.ready_order_buckets(buckets),
+                                    max_evaluations=max(1, int(share * evaluations)), seed=seed + k,
+                                    time_limit_s=share * time_s)
+        buckets = state.names(result)
+        candidates = [order]
+        if problem.reorders and (rerun := bucket_first_order(problem.graph, order, buckets)) != order:
+            candidates.append(rerun)
+        for candidate in candidates:
+            plan = Plan.for_problem(problem, order=candidate, buckets=buckets, solver=SolverInfo(name="search"))
+            found.append((candidate, buckets, simulate(problem, plan).iteration_s))
+        order = min(found[-len(candidates):], key=lambda f: f[2])[0]
+    return found
