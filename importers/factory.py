@@ -8,14 +8,16 @@ or ``.logits`` for output objects that have it).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
+import io
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from schedopt.errors import GraphImportError
+from schedopt.errors import GraphImportError, no_trainable_parameters
 
 __all__ = ["ModelSpec", "load_factory", "default_loss", "is_factory_spec"]
 
@@ -34,6 +36,29 @@ def is_factory_spec(spec: str) -> bool:
     """True for ``something.py:name``."""
     path, sep, name = spec.rpartition(":")
     return bool(sep) and path.endswith(".py") and name.isidentifier()
+
+
+@contextlib.contextmanager
+def user_code(what: str, path: str) -> Iterator[None]:
+    """Run a model file's code as a library call: ``sys.argv`` holds only the file (so a script's own
+    argument parser sees none of schedopt's), and an exception, ``sys.exit`` or an argument parser's
+    exit becomes one :class:`GraphImportError` line (what the code printed to stderr is kept for it)."""
+    argv, err = sys.argv, io.StringIO()
+    sys.argv = [path]
+    try:
+        with contextlib.redirect_stderr(err):
+            yield
+    except SystemExit as exc:
+        said = err.getvalue().strip().splitlines()
+        detail = f": {said[-1]}" if said else ""
+        raise GraphImportError(f"{what} called sys.exit({exc.code!r}){detail} (guard script code with "
+                               f"if __name__ == '__main__')") from None
+    except Exception as exc:  # noqa: BLE001 - user code: report, don't crash
+        raise GraphImportError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+    else:
+        sys.stderr.write(err.getvalue())  # what it printed while it worked, after all
+    finally:
+        sys.argv = argv
 
 
 def default_loss(output: Any, *_inputs: Any) -> Any:
@@ -66,10 +91,8 @@ def load_factory(spec: str, *, batch_size: int | None = None) -> ModelSpec:
         raise GraphImportError(f"cannot import model file {path_text!r}")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
-    try:
+    with user_code(f"importing {path_text!r}", path_text):
         module_spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - user code: report, don't crash
-        raise GraphImportError(f"importing {path_text!r} failed: {type(exc).__name__}: {exc}") from exc
     factory = getattr(module, name, None)
     if not callable(factory):
         available = sorted(n for n, v in vars(module).items()
@@ -82,15 +105,17 @@ def load_factory(spec: str, *, batch_size: int | None = None) -> ModelSpec:
         if "batch_size" not in inspect.signature(factory).parameters:
             raise GraphImportError(f"factory {name!r} takes no batch_size argument")
         kwargs["batch_size"] = batch_size
-    try:
+    with user_code(f"factory {name!r}", path_text):
         result = factory(**kwargs)
-    except Exception as exc:  # noqa: BLE001 - user code
-        raise GraphImportError(f"factory {name!r} failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(result, tuple) or len(result) not in (2, 3):
         raise GraphImportError(
             f"factory {name!r} must return (model, example_inputs) or (model, example_inputs, loss_fn)"
         )
     model, inputs = result[0], result[1]
+    import torch
+
+    if isinstance(model, torch.nn.Module) and not any(p.requires_grad for p in model.parameters()):
+        raise GraphImportError(no_trainable_parameters(name))
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     loss_fn = result[2] if len(result) == 3 and result[2] is not None else default_loss
     return ModelSpec(name=name, model=model, example_inputs=inputs, loss_fn=loss_fn)

@@ -238,18 +238,33 @@ def _load(path: Path):
         raise GraphImportError(f"{str(path)!r} holds no graph (empty or truncated ONNX file)")
     for tensor in model.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location = next((e.value for e in tensor.external_data if e.key == "location"), None)
-            if location is None or not (path.parent / location).is_file():
-                raise GraphImportError(
-                    f"external data file {location!r} for initializer {tensor.name!r} is missing "
-                    f"(looked beside {str(path)!r})"
-                )
+            _check_external_data(tensor, path)
     try:
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid model"
         raise GraphImportError(f"{str(path)!r} fails the ONNX checker: {first}") from None
     return model
+
+
+def _check_external_data(tensor, path: Path) -> None:
+    """The external-data file of ``tensor`` exists and holds all of its bytes (``offset + length``, or
+    the tensor's size when no length is recorded): a truncated file is refused here, not read short."""
+    import numpy as np
+    import onnx
+
+    entry = {e.key: e.value for e in tensor.external_data}
+    location = entry.get("location")
+    data = path.parent / location if location else None
+    if data is None or not data.is_file():
+        raise GraphImportError(f"external data file {location!r} for initializer {tensor.name!r} is missing "
+                               f"(looked beside {str(path)!r})")
+    itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    length = int(entry.get("length", int(np.prod(tensor.dims, dtype=np.int64)) * itemsize))
+    needed, size = int(entry.get("offset", 0)) + length, data.stat().st_size
+    if size < needed:
+        raise GraphImportError(f"external data file {location!r} is truncated: initializer {tensor.name!r} needs "
+                               f"bytes up to {needed}, the file has {size}")
 
 
 def _drop_weight_data(model) -> None:

@@ -25,13 +25,15 @@ are the device roofline.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 from dataclasses import replace
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 from schedopt.backward import ForwardOp, ParamSpec, optimizer_step, training_graph
 from schedopt.cost import DeviceSpec
-from schedopt.errors import GraphImportError, InvalidGraphError
+from schedopt.errors import GraphImportError, InvalidGraphError, no_trainable_parameters
 from schedopt.graph import Op, Param, TrainGraph
 
 __all__ = ["from_torch", "trace_train_step", "AtenGraphBuilder", "trainable_parameters", "torch_dtype_name",
@@ -87,14 +89,31 @@ def from_torch(
     name = name or type(model).__name__
     if not isinstance(model, torch.nn.Module):
         raise GraphImportError(f"from_torch needs an nn.Module, got {type(model).__name__}")
+    if not trainable_parameters(model):
+        raise GraphImportError(no_trainable_parameters(name))
     model.train()
-    if level == "aten":
-        graph = _aten_graph(model, inputs, loss_fn, spec, optimizer, name)
-    elif level == "module":
-        graph = _module_graph(model, inputs, loss_fn, spec, optimizer, name)
-    else:
+    if level not in ("aten", "module"):
         raise GraphImportError(f"unknown import level {level!r}; valid: aten, module")
-    return graph.with_grad_order(record_grad_order(model, inputs, loss_fn, name=name))
+    with _quiet_torch_logs():  # a failed trace is reported as one GraphImportError, not torch's logged traceback
+        if level == "aten":
+            graph = _aten_graph(model, inputs, loss_fn, spec, optimizer, name)
+        else:
+            graph = _module_graph(model, inputs, loss_fn, spec, optimizer, name)
+        return graph.with_grad_order(record_grad_order(model, inputs, loss_fn, name=name))
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs() -> Iterator[None]:
+    """Silence the loggers through which torch prints tracebacks of errors schedopt reports itself."""
+    loggers = [logging.getLogger(name) for name in ("torch._subclasses", "torch.fx", "torch._dynamo")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def record_grad_order(model: Any, example_inputs: tuple, loss_fn: Callable[..., Any], *, name: str) -> list[str]:
@@ -171,7 +190,7 @@ def trace_train_step(model, inputs, loss_fn, *, name: str, fake: bool = True):
 
     params = trainable_parameters(model)
     if not params:
-        raise GraphImportError(f"{name} has no trainable parameters")
+        raise GraphImportError(no_trainable_parameters(name))
     buffers = dict(model.named_buffers())
 
     def train_step(params, buffers, inputs):

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
-from .io import check_output_dir, check_output_file, write_json_atomic, write_text_atomic
+from .io import check_output_dir, check_output_file, dumps, write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_file, model_kind
 from .plan import PLAN_SCHEMA, Plan
 from .problem import EXECUTIONS, MODES, Problem
@@ -233,7 +233,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(f"warning: the steady state did not repeat within {timeline.num_steps} steps; the iteration is the "
               f"mean of the last four periods", file=sys.stderr)
     if args.format == "json":
-        print(json.dumps(summary, indent=2))
+        print(dumps(summary, indent=2))
         return 0
     print(f"model      {graph.name}  ({len(graph.ops)} ops, {len(graph.params)} params)")
     print(f"plan       {plan.solver.name} [{plan.solver.status}], {len(plan.buckets)} buckets")
@@ -302,7 +302,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
         validate(plan, graph)
     if args.format == "json":
-        print(json.dumps(plan.to_json(), indent=2))
+        print(dumps(plan.to_json(), indent=2))
         return 0
     s, p = plan.solver, plan.predicted
     print(f"model      {plan.model.name}  ({plan.model.num_params} params, {plan.model.fingerprint[:23]}...)")
@@ -356,7 +356,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     rows = compare(problem, names, time_limit_s=args.time_limit, seed=args.seed, progress=progress, on_plan=save)
     if args.format == "json":
-        print(json.dumps(comparison_json(problem, rows), indent=2))
+        print(dumps(comparison_json(problem, rows), indent=2))
     elif args.format == "csv":
         sys.stdout.write(format_csv(rows))
     else:
@@ -430,7 +430,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     if plot:
         write_sweep_plot(rows, plot, title=f"{graph.name}, {args.mode} mode")
     if args.format == "json":
-        print(json.dumps(rows, indent=2))
+        print(dumps(rows, indent=2))
     elif args.format == "csv":
         sys.stdout.write(format_csv(rows, SWEEP_COLUMNS))
     else:

@@ -42,6 +42,13 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 
 
+#: The range a cluster may describe; outside it a figure is a unit error, and the simulator's sums
+#: could overflow to infinity.
+MAX_WORLD_SIZE = 1_000_000
+MIN_BANDWIDTH_BPS, MAX_BANDWIDTH_BPS = 1e3, 1e15
+MAX_LATENCY_S = 1.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cluster:
     """Ranks and the network that joins them.
@@ -73,15 +80,19 @@ class Cluster:
     interference: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.world_size, bool) or not isinstance(self.world_size, int) or self.world_size < 1:
-            raise SchedoptError(f"world_size must be an integer >= 1, got {self.world_size!r}")
+        if (isinstance(self.world_size, bool) or not isinstance(self.world_size, int)
+                or not 1 <= self.world_size <= MAX_WORLD_SIZE):
+            raise SchedoptError(f"world_size must be an integer from 1 to {MAX_WORLD_SIZE}, got {self.world_size!r}")
         if not (isinstance(self.bandwidth_Bps, (int, float)) and self.bandwidth_Bps > 0
                 and math.isfinite(self.bandwidth_Bps)):
             raise UnitError(f"bandwidth_Bps must be a positive number, got {self.bandwidth_Bps!r}")
+        if not MIN_BANDWIDTH_BPS <= self.bandwidth_Bps <= MAX_BANDWIDTH_BPS:
+            raise UnitError(f"bandwidth_Bps must be from {MIN_BANDWIDTH_BPS:g} to {MAX_BANDWIDTH_BPS:g} B/s (1 kB/s to "
+                            f"1 PB/s), got {self.bandwidth_Bps!r}: a unit error?")
         for field in ("latency_s", "call_s"):
             value = getattr(self, field)
-            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
-                raise UnitError(f"{field} must be a number >= 0, got {value!r}")
+            if not (isinstance(value, (int, float)) and 0 <= value <= MAX_LATENCY_S and math.isfinite(value)):
+                raise UnitError(f"{field} must be a number from 0 to {MAX_LATENCY_S:g} s, got {value!r}")
         if not (isinstance(self.interference, (int, float)) and 0 <= self.interference <= 10
                 and math.isfinite(self.interference)):
             raise UnitError(f"interference must be a number from 0 to 10, got {self.interference!r}")
@@ -229,7 +240,7 @@ def calibrate(
     intercept, slope = _relative_l1_fit(sizes, times)
     if slope <= 0:
         raise SchedoptError(f"calibrate: time does not grow with size (slope {slope:.3g} s/B)")
-    probe = Cluster(world_size=world_size, bandwidth_Bps=1.0, algorithm=algorithm)
+    probe = Cluster(world_size=world_size, bandwidth_Bps=1e9, algorithm=algorithm)  # for its latency steps
     bandwidth_Bps = 2.0 * (world_size - 1) / world_size / slope
     latency_s = max(float(intercept), 0.0) / probe.num_latency_steps
     return Cluster(

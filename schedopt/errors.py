@@ -12,6 +12,7 @@ __all__ = [
     "SolverError",
     "UnusedParameterError",
     "UnsupportedOptimizerError",
+    "no_trainable_parameters",
 ]
 
 
@@ -49,3 +50,9 @@ class UnusedParameterError(SchedoptError, RuntimeError):
 
 class UnsupportedOptimizerError(SchedoptError, TypeError):
     """An optimizer, or a use of one, that overlap mode cannot defer per bucket (LBFGS, a closure)."""
+
+
+def no_trainable_parameters(name: str) -> str:
+    """The one message every route (aten, module, ONNX, graph JSON) gives for a model without
+    trainable parameters."""
+    return f"{name} has no trainable parameters: there are no gradients to synchronize"

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import networkx as nx
 
 from .errors import GraphImportError, InvalidGraphError
+from .fields import Fields
 from .io import read_json, write_json_atomic
 
 __all__ = [
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 GRAPH_SCHEMA = "schedopt.graph/1"
+#: The longest step a graph may describe: a day. Beyond it a duration is a unit error, and sums of
+#: many such durations would overflow the simulator's arithmetic.
+MAX_STEP_S = 86_400.0
 
 Phase = Literal["forward", "backward", "optimizer"]
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
@@ -380,40 +384,24 @@ class TrainGraph:
             InvalidGraphError: the schema is unknown, a field is missing or
                 has the wrong type, or an invariant does not hold.
         """
-        if not isinstance(data, dict):
-            raise InvalidGraphError(f"a graph must be a JSON object, got {type(data).__name__}")
+        root = Fields(data, InvalidGraphError, "graph")
         schema = data.get("schema")
         if schema != GRAPH_SCHEMA:
             raise InvalidGraphError(f"unknown graph schema {schema!r}; expected {GRAPH_SCHEMA!r}")
-        try:
-            params = [
-                Param(name=p["name"], shape=tuple(p["shape"]), dtype=p.get("dtype", "float32"), grad_op=p["grad_op"])
-                for p in data["params"]
-            ]
-            ops = [
-                Op(
-                    id=o["id"],
-                    kind=o["kind"],
-                    phase=o["phase"],
-                    flops=float(o.get("flops", 0.0)),
-                    bytes_moved=float(o.get("bytes_moved", 0.0)),
-                    duration_s=float(o.get("duration_s", 0.0)),
-                    reads=tuple(o.get("reads", ())),
-                    grads=tuple(o.get("grads", ())),
-                )
-                for o in data["ops"]
-            ]
-            edges = [(str(u), str(v)) for u, v in data["edges"]]
-            grad_order = data.get("grad_order")
-            if grad_order is not None:
-                if not isinstance(grad_order, list) or not all(isinstance(n, str) for n in grad_order):
-                    raise TypeError("grad_order must be a list of parameter names")
-        except KeyError as exc:
-            raise InvalidGraphError(f"graph JSON lacks field {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            raise InvalidGraphError(f"graph JSON has a malformed entry: {exc}") from None
-        return cls(name=str(data.get("name", "model")), ops=ops, edges=edges, params=params, meta=data.get("meta"),
-                   grad_order=grad_order)
+        params = [Param(name=p.string("name"), shape=p.integers("shape"), dtype=p.string("dtype", "float32"),
+                        grad_op=p.string("grad_op")) for p in root.items("params")]
+        ops = [Op(id=o.string("id"), kind=o.string("kind"), phase=o.string("phase"),  # type: ignore[arg-type]
+                  flops=o.number("flops", 0.0), bytes_moved=o.number("bytes_moved", 0.0),
+                  duration_s=o.number("duration_s", 0.0), reads=o.strings("reads", ()), grads=o.strings("grads", ()))
+               for o in root.items("ops")]
+        edges = []
+        for k, edge in enumerate(root.array("edges")):
+            if not (isinstance(edge, list) and len(edge) == 2 and all(isinstance(e, str) for e in edge)):
+                raise root.fail(f"edges[{k}]", "a pair of op ids", edge)
+            edges.append((edge[0], edge[1]))
+        grad_order = None if root.get("grad_order", None) is None else root.strings("grad_order")
+        return cls(name=root.string("name", "model"), ops=ops, edges=edges, params=params,
+                   meta=root.mapping("meta", None), grad_order=grad_order)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the graph as JSON (atomically)."""
@@ -435,7 +423,8 @@ def validate(graph: TrainGraph) -> None:
 
     1. The dependency graph is acyclic and never runs back in phase
        (no backward -> forward or optimizer -> backward edge).
-    2. Phases are known; durations, FLOPs and bytes are finite and >= 0.
+    2. Phases are known; durations, FLOPs and bytes are finite and >= 0, and a step's durations
+       add up to at most :data:`MAX_STEP_S` (so no simulated time overflows to infinity).
     3. Every ``reads``/``grads`` name is a parameter.
     4. Every parameter has exactly one grad op: ``grad_op`` exists, is a
        backward op, lists the parameter in its ``grads``, and no other op does.
@@ -461,6 +450,10 @@ def validate(graph: TrainGraph) -> None:
         for name in (*op.reads, *op.grads):
             if name not in graph.params:
                 raise InvalidGraphError(f"op {op.id!r} names {name!r}, which is not a trainable parameter")
+    total_s = sum(op.duration_s for op in graph.ops.values())  # inf on overflow, never an exception
+    if not math.isfinite(total_s) or total_s > MAX_STEP_S:
+        raise InvalidGraphError(f"the ops' durations add up to {total_s:g} s per step; expected at most "
+                                f"{MAX_STEP_S:g} s (a unit error?)")
     for before, after in graph.dag.edges:
         if _PHASE_RANK[graph.ops[before].phase] > _PHASE_RANK[graph.ops[after].phase]:
             raise InvalidGraphError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from .errors import SchedoptError
 
-__all__ = ["read_json", "write_text_atomic", "write_json_atomic", "destination", "temporary_beside", "publish",
+__all__ = ["read_json", "dumps", "write_text_atomic", "write_json_atomic", "destination", "temporary_beside", "publish",
            "check_output_file", "check_output_dir"]
 
 
@@ -26,11 +27,44 @@ def read_json(path: str | os.PathLike[str], *, what: str, error: type[SchedoptEr
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"cannot read {what} file {str(path)!r}: {exc}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise error(
             f"{what} file {str(path)!r} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
         ) from None
+    except _NonFinite as exc:
+        raise error(f"{what} file {str(path)!r} holds {exc.args[0]}, which is not a JSON number") from None
+    except RecursionError:
+        raise error(f"{what} file {str(path)!r} nests objects or lists too deeply to be a {what}") from None
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def dumps(data: Any, *, indent: int | None = 2) -> str:
+    """``data`` as strict JSON; a NaN or infinity anywhere raises :class:`SchedoptError` naming where
+    (Python's default would write ``NaN``, which no JSON reader accepts)."""
+    try:
+        return json.dumps(data, indent=indent, allow_nan=False)
+    except ValueError:
+        raise SchedoptError(f"refusing to write invalid JSON: {_non_finite_path(data) or 'a value'} is not a "
+                            f"finite number") from None
+
+
+def _non_finite_path(data: Any, path: str = "") -> str | None:
+    if isinstance(data, float) and not math.isfinite(data):
+        return path or "the value"
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        found = _non_finite_path(value, f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key))
+        if found:
+            return found
+    return None
 
 
 def destination(path: str | os.PathLike[str]) -> Path:
@@ -63,11 +97,17 @@ def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
     every failure.
     """
     target = destination(path)
-    fd, tmp = temporary_beside(target)
+    try:
+        fd, tmp = temporary_beside(target)
+    except OSError as exc:
+        raise SchedoptError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         publish(tmp, target)
+    except OSError as exc:  # a full disk, a file system gone read-only since the check
+        Path(tmp).unlink(missing_ok=True)
+        raise SchedoptError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -97,8 +137,20 @@ def _check_parent(path: str, target: Path) -> None:
     anchor = _first_existing(target.parent)
     if not anchor.is_dir():
         raise SchedoptError(f"cannot write {path!r}: {str(anchor)!r} is a file, not a directory")
-    if not os.access(anchor, os.W_OK | os.X_OK):
-        raise SchedoptError(f"cannot write {path!r}: {str(anchor)!r} is not a writable directory")
+    _probe(path, anchor)
+
+
+def _probe(path: str, directory: Path) -> None:
+    """Create and remove a file in ``directory``: ``os.access`` says yes to root on a read-only file
+    system or in ``/sys``, where the write would fail only after the work."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SchedoptError(f"cannot write {path!r}: {str(directory)!r} is not a writable directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".schedopt-probe.", dir=directory)
+    except OSError as exc:
+        raise SchedoptError(f"cannot write {path!r}: {exc.strerror or exc} in {str(directory)!r}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_output_file(path: str, *, inputs: tuple[str, ...] = (), what: str = "output") -> None:
@@ -125,8 +177,7 @@ def check_output_dir(path: str, *, what: str = "--out") -> None:
     anchor = _first_existing(target)
     if not anchor.is_dir():
         raise SchedoptError(f"cannot write into {path!r}: {str(anchor)!r} is a file, not a directory")
-    if not os.access(anchor, os.W_OK | os.X_OK):
-        raise SchedoptError(f"cannot write into {path!r}: {str(anchor)!r} is not a writable directory")
+    _probe(path, anchor)
 
 
 def _umask() -> int:
@@ -137,4 +188,4 @@ def _umask() -> int:
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any, *, indent: int | None = 2) -> Path:
     """Write ``data`` as JSON atomically (see :func:`write_text_atomic`)."""
-    return write_text_atomic(path, json.dumps(data, indent=indent) + "\n")
+    return write_text_atomic(path, dumps(data, indent=indent) + "\n")

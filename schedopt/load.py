@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .errors import GraphImportError
+from .errors import GraphImportError, no_trainable_parameters
 from .graph import TrainGraph
 
 __all__ = ["ImportOptions", "load_model", "model_file", "model_kind"]
@@ -67,13 +67,17 @@ def load_model(spec: str, options: ImportOptions | None = None) -> TrainGraph:
     options = options or ImportOptions()
     kind = model_kind(spec)
     if kind == "graph":
-        return TrainGraph.load(spec)
-    if kind == "onnx":
+        graph = TrainGraph.load(spec)
+    elif kind == "onnx":
         from .importers import from_onnx
 
-        return from_onnx(spec, device=options.device)
-    from .importers import from_torch, load_factory
+        graph = from_onnx(spec, device=options.device)
+    else:
+        from .importers import from_torch, load_factory
 
-    model = load_factory(spec, batch_size=options.batch_size)
-    return from_torch(model.model, model.example_inputs, loss_fn=model.loss_fn, level=options.level,
-                      device=options.device, name=model.name)
+        model = load_factory(spec, batch_size=options.batch_size)
+        graph = from_torch(model.model, model.example_inputs, loss_fn=model.loss_fn, level=options.level,
+                           device=options.device, name=model.name)
+    if not graph.params:  # every route says it the same way
+        raise GraphImportError(no_trainable_parameters(graph.name))
+    return graph

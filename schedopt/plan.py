@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .cluster import Cluster
 from .errors import InvalidPlanError, PlanMismatchError, SchedoptError
+from .fields import Fields
 from .graph import TrainGraph
 from .io import read_json, write_json_atomic
 from .orders import engine_order
@@ -210,54 +211,49 @@ class Plan:
         Raises:
             InvalidPlanError: unknown schema version, missing or malformed field.
         """
-        if not isinstance(data, dict):
-            raise InvalidPlanError(f"a plan must be a JSON object, got {type(data).__name__}")
+        root = Fields(data, InvalidPlanError, "plan")
         schema = data.get("schema")
         if schema not in READABLE_SCHEMAS:
             raise InvalidPlanError(
                 f"unsupported plan schema {schema!r}; this schedopt reads {', '.join(map(repr, READABLE_SCHEMAS))}"
             )
+        model, solver = root.object("model"), root.object("solver")
+        params = None
+        if model.get("params", None) is not None:
+            params = []
+            for k, entry in enumerate(model.array("params")):
+                if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                        and isinstance(entry[1], list) and isinstance(entry[2], str)
+                        and all(isinstance(d, int) and not isinstance(d, bool) for d in entry[1])):
+                    raise model.fail(f"params[{k}]", "[name, shape, dtype]", entry)
+                params.append((entry[0], tuple(entry[1]), entry[2]))
+        cluster = root.object("cluster")
         try:
-            model, solver = data["model"], data["solver"]
-            predicted = data.get("predicted")
-            return cls(
-                model=ModelRef(
-                    name=str(model["name"]),
-                    fingerprint=str(model["fingerprint"]),
-                    params_fingerprint=str(model["params_fingerprint"]),
-                    num_params=int(model["num_params"]),
-                    params=None if model.get("params") is None else tuple(
-                        (str(n), tuple(int(d) for d in shape), str(dtype)) for n, shape, dtype in model["params"]
-                    ),
-                ),
-                cluster=Cluster.from_json(data["cluster"]),
-                mode=str(data["mode"]),
-                execution=str(data["execution"]) if schema == PLAN_SCHEMA else "compiled",
-                schema=str(schema),
-                order=tuple(str(o) for o in data["order"]),
-                buckets=tuple(
-                    Bucket(params=tuple(str(p) for p in b["params"]), chunks=b.get("chunks", 1))
-                    for b in data["buckets"]
-                ),
-                solver=SolverInfo(
-                    name=str(solver["name"]),
-                    status=str(solver.get("status", "UNKNOWN")),
-                    solve_time_s=float(solver.get("solve_time_s", 0.0)),
-                    objective_s=_opt_float(solver.get("objective_s")),
-                    bound_s=_opt_float(solver.get("bound_s")),
-                    options=dict(solver.get("options") or {}),
-                    stats=dict(solver.get("stats") or {}),
-                ),
-                predicted=None if predicted is None else Prediction(
-                    **{k: float(predicted[k]) for k in Prediction.__dataclass_fields__}
-                ),
-            )
-        except KeyError as exc:
-            raise InvalidPlanError(f"plan JSON lacks field {exc.args[0]!r}") from None
-        except InvalidPlanError:
-            raise
-        except (SchedoptError, TypeError, ValueError, AttributeError) as exc:
-            raise InvalidPlanError(f"plan JSON has a malformed entry: {exc}") from None
+            parsed_cluster = Cluster.from_json(cluster.data)
+        except SchedoptError as exc:
+            raise InvalidPlanError(f"plan JSON field cluster: {exc}") from None
+        predicted = None
+        if root.get("predicted", None) is not None:
+            p = root.object("predicted")
+            predicted = Prediction(**{k: p.number(k) for k in Prediction.__dataclass_fields__})
+        return cls(
+            model=ModelRef(name=model.string("name"), fingerprint=model.string("fingerprint"),
+                           params_fingerprint=model.string("params_fingerprint"),
+                           num_params=model.integer("num_params"), params=None if params is None else tuple(params)),
+            cluster=parsed_cluster,
+            mode=root.string("mode"),
+            execution=root.string("execution") if schema == PLAN_SCHEMA else "compiled",
+            schema=str(schema),
+            order=root.strings("order"),
+            buckets=tuple(Bucket(params=b.strings("params"), chunks=b.get("chunks", 1)) for b in root.items("buckets")),
+            solver=SolverInfo(
+                name=solver.string("name"), status=solver.string("status", "UNKNOWN"),
+                solve_time_s=solver.number("solve_time_s", 0.0),  # type: ignore[arg-type]
+                objective_s=solver.number("objective_s", None, optional=True),
+                bound_s=solver.number("bound_s", None, optional=True),
+                options=solver.mapping("options", None), stats=solver.mapping("stats", None)),
+            predicted=predicted,
+        )
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as JSON (atomically)."""
@@ -270,10 +266,6 @@ class Plan:
 
     def with_prediction(self, predicted: Prediction) -> Plan:
         return replace(self, predicted=predicted)
-
-
-def _opt_float(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def chunk_bounds(numel: int, chunks: int) -> list[tuple[int, int]]:

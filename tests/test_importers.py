@@ -145,11 +145,15 @@ def test_corrupt_truncated_and_missing_onnx_files(tmp_path, onnx_dir):
         from_onnx(tmp_path / "absent.onnx")
 
 
-def test_missing_external_data_file(tmp_path):
+def test_truncated_and_missing_external_data_files(tmp_path):
     path = export_onnx("tiny_cnn", tmp_path / "external.onnx", external_data=True)
     data_files = [p for p in tmp_path.iterdir() if p.name != "external.onnx"]
     assert data_files, "the exporter wrote no external data file"
     assert from_onnx(path).params  # loads while the data is there
+    for p in data_files:
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    with pytest.raises(GraphImportError, match="external data file .* is truncated: initializer .* needs bytes up to"):
+        from_onnx(path)
     for p in data_files:
         p.unlink()
     with pytest.raises(GraphImportError, match="external data file .* is missing"):

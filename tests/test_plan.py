@@ -81,8 +81,8 @@ def test_an_eager_plan_must_keep_the_engine_order(two_ranks):
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d.pop("buckets"), "lacks field 'buckets'"),
     (lambda d: d.update(cluster={"world_size": 0, "bandwidth_Bps": 1}), "world_size"),
-    (lambda d: d.update(order=5), "malformed"),
-    (lambda d: d.__setitem__("model", "nope"), "malformed"),
+    (lambda d: d.update(order=5), "field order must be a list of strings, got 5"),
+    (lambda d: d.__setitem__("model", "nope"), "field model must be an object, got 'nope'"),
 ])
 def test_malformed_plan_json_is_refused(tmp_path, plan, mutate, message):
     data = plan.to_json()
