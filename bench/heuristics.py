@@ -19,6 +19,9 @@ from schedopt.load import ImportOptions, load_model
 from schedopt.report import compare, format_table
 from schedopt.solvers import SOLVERS
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import write_result  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,14 +44,17 @@ def main() -> int:
     parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],
                         help="compiled (default: the solvers' reordering counts) or eager (engine order fixed)")
     parser.add_argument("--time-limit", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=0, help="every solver's seed (default 0)")
+    parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     args = parser.parse_args()
     solvers = [s for s in SOLVERS if s != "cpsat"] if args.time_limit is None else list(SOLVERS)
-    slower = []
+    slower, all_rows = [], []
     for name in args.models.split(","):
         graph = cached_graph(name, args.device)
         problem = Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=args.world_size),
                           mode=args.mode, execution=args.execution)
-        rows = compare(problem, solvers, time_limit_s=args.time_limit)
+        rows = compare(problem, solvers, time_limit_s=args.time_limit, seed=args.seed)
+        all_rows += [{"model": name, **row} for row in rows]
         print(f"\n{name}: {len(graph.ops)} ops, {len(graph.params)} params; {problem.cluster.describe()}; {args.mode}")
         print(format_table(rows, ("solver", "iteration_s", "speedup_vs_ddp", "gap_to_lower_bound", "lower_bound_s",
                                   "num_buckets", "solve_time_s")))
@@ -56,6 +62,8 @@ def main() -> int:
         if by["caramel"]["iteration_s"] > by["pytorch-ddp"]["iteration_s"] * (1 + 1e-9):
             slower.append(name)
     print(f"\ncaramel no slower than pytorch-ddp on every model: {'yes' if not slower else 'NO: ' + ', '.join(slower)}")
+    if args.json:
+        write_result(args.json, all_rows, vars(args))
     return 1 if slower else 0
 
 

@@ -44,9 +44,13 @@ def _flop_counter_total(model, inputs, loss_fn) -> float:
     return float(counter.get_total_flops())
 
 
-def run_one(model_name: str, route: str, onnx_path: str | None) -> dict:
+def run_one(model_name: str, route: str, onnx_path: str | None, *, seed: int = 0) -> dict:
     """Import one model by one route in this process and return the figures."""
+    import torch
+
     from schedopt.importers import from_onnx, from_torch, load_factory
+
+    torch.manual_seed(seed)
 
     started = time.perf_counter()
     spec = load_factory(f"{MODELS}:{model_name}")
@@ -84,11 +88,13 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(ALL_MODELS))
     parser.add_argument("--routes", default=",".join(ALL_ROUTES))
     parser.add_argument("--onnx-dir", default=str(ROOT / "out" / "bench" / "onnx"))
+    parser.add_argument("--seed", type=int, default=0, help="torch's seed before each factory runs")
+    parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "ROUTE", "ONNX"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.one:
-        print(json.dumps(run_one(*args.one)))
+        print(json.dumps(run_one(*args.one, seed=args.seed)))
         return 0
 
     onnx_dir = Path(args.onnx_dir)
@@ -97,7 +103,8 @@ def main() -> int:
     for model_name in args.models.split(","):
         for route in args.routes.split(","):
             onnx_path = str(export(model_name, onnx_dir)) if route == "onnx" else "-"
-            proc = subprocess.run([sys.executable, __file__, "--one", model_name, route, onnx_path],
+            proc = subprocess.run([sys.executable, __file__, "--one", model_name, route, onnx_path,
+                                   "--seed", str(args.seed)],
                                   capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
                 print(f"{model_name} {route}: FAILED\n{proc.stderr[-2000:]}", file=sys.stderr)
@@ -118,6 +125,11 @@ def main() -> int:
             same = "yes" if aten and r["param_names"] == aten["param_names"] else ("-" if not aten else "NO")
             print(f"{model_name:<11} {route:<7} {r['ops']:>6} {r['params']:>6} {r['import_s']:>9.2f} "
                   f"{r['peak_mib']:>9.0f} {r['step_flops'] / 1e9:>11.1f} {vs_aten:>8} {vs_counter:>15} {same:>12}")
+    if args.json:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from provenance import write_result
+
+        write_result(args.json, rows, vars(args))
     return 0
 
 

@@ -33,6 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+#: How the workers (launched by torchrun) get --seed.
+SEED_ENV = "SCHEDOPT_BENCH_SEED"
+
 def startup_worker(model_name: str, out: str) -> None:
     import torch
     import torch.distributed as dist
@@ -47,7 +50,7 @@ def startup_worker(model_name: str, out: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    torch.manual_seed(0)
+    torch.manual_seed(int(os.environ.get(SEED_ENV, "0")))
     model, example, loss_fn = load(model_name, 1)
     graph = from_torch(model, example, loss_fn=loss_fn, name=model_name)
     plan = get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=2)))
@@ -78,7 +81,8 @@ def worker(model_name: str, steps: int, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
+    seed = int(os.environ.get(SEED_ENV, "0"))
+    torch.manual_seed(seed)
     model, example, loss_fn = load(model_name, None)
     graph = from_torch(model, example, loss_fn=loss_fn, name=model_name)
     cluster = Cluster.preset("10gbe", world_size=world)
@@ -86,7 +90,7 @@ def worker(model_name: str, steps: int, out: str) -> None:
     copies = {"ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model)),
               "barrier": wrap(copy.deepcopy(model), plans["barrier"]), "overlap": wrap(model, plans["overlap"])}
     optimizers = {k: wrap_optimizer(torch.optim.SGD(m.parameters(), lr=0.01), m) for k, m in copies.items()}
-    generator = torch.Generator().manual_seed(rank)
+    generator = torch.Generator().manual_seed(seed + 1000 + rank)
     times: dict[str, list[float]] = {k: [] for k in copies}
 
     def step(kind: str) -> float:
@@ -118,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet18,gpt_tied", help="comma-separated example models")
     parser.add_argument("--steps", type=int, default=20, help="measured steps per copy (default 20)")
-    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--json", help="write the figures here, with the commit and the machine")
+    parser.add_argument("--seed", type=int, default=0, help="the models' initialization and the data (default 0)")
     parser.add_argument("--startup", default="gpt2_small", help="time wrap() on this model (default gpt2_small; "
                         "'none' to skip)")
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "STEPS", "OUT"), help=argparse.SUPPRESS)
@@ -136,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':10s} {'ddp ms':>9s} {'barrier ms':>11s} {'overlap ms':>11s} {'barrier/ddp':>12s} "
           f"{'overlap/barrier':>16s} {'(per step)':>11s}")
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
-        times = _on_two_ranks("--worker", model, str(args.steps))
+        times = _on_two_ranks("--worker", model, str(args.steps), seed=args.seed)
         if times is None:
             return 1
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -150,24 +155,27 @@ def main(argv: list[str] | None = None) -> int:
               f"{med['barrier'] / med['ddp']:12.3f} {med['overlap'] / med['barrier']:16.3f} "
               f"{pair['overlap/barrier']:11.3f}", flush=True)
     if args.startup != "none":
-        startup = _on_two_ranks("--startup-worker", args.startup)
+        startup = _on_two_ranks("--startup-worker", args.startup, seed=args.seed)
         if startup is None:
             return 1
         print(f"wrap({startup['model']}, {startup['num_params']:,} parameters) on 2 ranks: {startup['wrap_s']:.2f} s")
         rows.append({"startup": startup})
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from provenance import write_result
+
+        write_result(args.json, rows, vars(args))
     return 0
 
 
-def _on_two_ranks(*worker_args: str) -> dict | None:
+def _on_two_ranks(*worker_args: str, seed: int) -> dict | None:
     """Run this script's worker under torchrun on 2 local ranks; what rank 0 wrote, or None (said why)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(Path(__file__).resolve()), *worker_args, str(out)]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+                              env={**os.environ, "OMP_NUM_THREADS": "1", SEED_ENV: str(seed)})
         if not out.exists():
             print(f"runtime_overhead: {' '.join(worker_args)} failed: {done.stderr.strip().splitlines()[-3:]}",
                   file=sys.stderr)

@@ -14,7 +14,6 @@ was no slower than the best heuristic everywhere, and the largest gaps.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from schedopt.solvers import SOLVERS, get
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heuristics import cached_graph  # noqa: E402
+from provenance import write_result  # noqa: E402
 
 
 def main() -> int:
@@ -35,7 +35,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],
                         help="compiled (default: the solvers' reordering counts) or eager (engine order fixed)")
-    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--seed", type=int, default=0, help="every solver's seed (default 0)")
+    parser.add_argument("--json", help="also write the rows here, with the commit and the machine")
     args = parser.parse_args()
     heuristics = [s for s in SOLVERS if s != "cpsat"]
     rows = []
@@ -48,8 +49,9 @@ def main() -> int:
                 for mode in args.modes.split(","):
                     problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode=mode,
                                       execution=args.execution)
-                    times = {h: get(h)(problem).predicted.iteration_s for h in heuristics}
-                    plan = get("cpsat")(problem, time_limit_s=args.time_limit, num_workers=args.workers)
+                    times = {h: get(h)(problem, seed=args.seed).predicted.iteration_s for h in heuristics}
+                    plan = get("cpsat")(problem, time_limit_s=args.time_limit, num_workers=args.workers,
+                                        seed=args.seed)
                     t = plan.predicted.iteration_s
                     bound = max(plan.solver.bound_s or 0.0, plan.predicted.lower_bound_s)
                     ddp, best = times["pytorch-ddp"], min(times.values())
@@ -76,7 +78,7 @@ def main() -> int:
         if gaps:
             print(f"largest cpsat gap to its proven bound, {mode}: {max(gaps):.2%} over {len(gaps)} cases")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        write_result(args.json, rows, vars(args))
     return 0 if ok else 1
 
 

@@ -30,7 +30,7 @@ CASES = ["transformer_like:12", "transformer_like:48", "transformer_like:96", "r
 
 
 def run_case(case: str, network: str, world_size: int, mode: str, time_limit: float,
-             execution: str = "compiled") -> dict:
+             execution: str = "compiled", *, seed: int = 0) -> dict:
     from schedopt import Cluster, Problem
     from schedopt.solvers import get
     from schedopt.synthetic import transformer_like
@@ -44,7 +44,7 @@ def run_case(case: str, network: str, world_size: int, mode: str, time_limit: fl
         graph = cached_graph(case, "a100")
     problem = Problem(graph=graph, cluster=Cluster.preset(network, world_size=world_size), mode=mode,
                       execution=execution)
-    plan = get("cpsat")(problem, time_limit_s=time_limit)
+    plan = get("cpsat")(problem, time_limit_s=time_limit, seed=seed)
     o = plan.solver.stats
     return {
         "case": case, "ops": len(graph.ops), "params": len(graph.params),
@@ -66,30 +66,40 @@ def main() -> int:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],
                         help="compiled (default: the solvers' reordering counts) or eager (engine order fixed)")
+    parser.add_argument("--seed", type=int, default=0, help="cpsat's seed (default 0)")
+    parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(run_case(args.one, args.network, args.world_size, args.mode, args.time_limit, args.execution)))
+        print(json.dumps(run_case(args.one, args.network, args.world_size, args.mode, args.time_limit, args.execution,
+                                  seed=args.seed)))
         return 0
+    rows = []
     print(f"{args.network}, {args.world_size} ranks, {args.mode}, time limit {args.time_limit:g} s")
     print(f"{'case':<22} {'ops':>6} {'coarse':>6} {'vars':>7} {'warm s':>6} {'model s':>7} {'first s':>8} "
           f"{'solve s':>8} {'wall s':>7} {'status':<9} {'result':<7} {'gap':>7} {'peak MiB':>9}")
     for case in args.cases.split(","):
         proc = subprocess.run([sys.executable, __file__, "--one", case, "--network", args.network,
                                "--world-size", str(args.world_size), "--mode", args.mode,
-                               "--execution", args.execution,
+                               "--execution", args.execution, "--seed", str(args.seed),
                                "--time-limit", str(args.time_limit)],
                               capture_output=True, text=True, timeout=args.time_limit * 4 + 600)
         if proc.returncode != 0:
             print(f"{case:<22} FAILED: {proc.stderr.strip().splitlines()[-1] if proc.stderr else '?'}")
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(r)
         first, warm, built = (f"{r[key]:.1f}" if r[key] is not None else "-"
                               for key in ("first_solution_s", "warm_start_s", "model_s"))
         gap = f"{r['gap']:.2%}" if r["gap"] is not None else "-"
         print(f"{case:<22} {r['ops']:>6} {r['coarse_ops'] or '-':>6} {r['variables'] or '-':>7} {warm:>6} {built:>7} "
               f"{first:>8} {r['solve_s']:>8.1f} {r['wall_s']:>7.1f} {r['status']:<9} {r['result']:<7} {gap:>7} "
               f"{r['peak_mib']:>9.0f}", flush=True)
+    if args.json:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from provenance import write_result
+
+        write_result(args.json, rows, vars(args))
     return 0
 
 

@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--solve-time", type=float, default=30.0, help="cpsat's time limit in seconds")
     parser.add_argument("--time-limit", type=float, default=1800.0, help="the whole bench, in seconds")
-    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--seed", type=int, default=0, help="cpsat's seed and the training's (model and data)")
+    parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--keep", help="keep the work files (graph, cluster, plans, logs) in this directory")
     args = parser.parse_args(argv)
 
@@ -216,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from provenance import write_result
+
+        write_result(args.json, rows, vars(args))
     print(f"testbed: {time.monotonic() - started:.0f} s")
     return 0
 
@@ -250,6 +254,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         plans_dir = work / f"plans-{mode}"
         rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
                                  "--mode", mode, "--execution", "eager", "--time-limit", f"{args.solve_time}s",
+                                 "--seed", str(args.seed),
                                  "--format", "json", "--out", str(plans_dir),
                                  timeout_s=min(args.solve_time * 3 + 120, left()))
         compared = json.loads(rows_json)["rows"]
@@ -268,7 +273,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             env = {} if mode == "ddp" else {"SCHEDOPT_PLAN": str(plan_of[mode])}
             extra = ["--ddp"] if mode == "ddp" else []
             launch(link, [str(TRAIN), args.model, *extra, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                          "--threads", "1", "--quiet", "--json", str(out), *batch],
+                          "--threads", "1", "--quiet", "--seed", str(args.seed), "--json", str(out), *batch],
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
             measured = json.loads(out.read_text())
             steps[mode].append(measured["step_s"])

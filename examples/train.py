@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring (default 2)")
     parser.add_argument("--batch-size", type=int, default=None, help="per-rank batch size (the factory's default)")
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=0, help="the model's initialization; rank r's data uses seed + 1000 + r")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: torch's)")
     parser.add_argument("--json", help="rank 0 writes the per-step times (every rank's) here")
     parser.add_argument("--quiet", action="store_true", help="no per-step lines")
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)
         model, example, loss_fn = load(args.model, args.batch_size)
         model.to(device)
         plan = None if args.ddp else os.environ.get("SCHEDOPT_PLAN")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         kind = "ddp" if isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel) else "schedopt"
         # the user's own optimizer; with an overlap plan it steps per bucket, where the next forward reads
         optimizer = wrap_optimizer(torch.optim.SGD(ddp_model.parameters(), lr=args.lr), ddp_model)
-        generator = torch.Generator().manual_seed(1000 + rank)
+        generator = torch.Generator().manual_seed(args.seed + 1000 + rank)
         # one step more than measured: the last measured step ends where the next begins
         batches = [batch(example, generator, device) for _ in range(args.warmup + args.steps + 1)]
         marks: list[float] = []  # when each measured step began, and the step after the last
