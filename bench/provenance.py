@@ -12,12 +12,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def provenance(arguments: dict[str, Any]) -> dict[str, Any]:
-    """``commit`` (``+dirty`` with uncommitted changes), ``machine`` and ``arguments``."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
-    return {"commit": git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain") else ""),
+
+#: The commit when the bench started (the script imports this module first): what its code was.
+STARTED_AT = _git("rev-parse", "HEAD") + ("+dirty" if _git("status", "--porcelain") else "")
+
+
+def provenance(arguments: dict[str, Any]) -> dict[str, Any]:
+    """``commit`` (at the start; ``+dirty`` with uncommitted changes), ``machine`` and ``arguments``."""
+    return {"commit": STARTED_AT,
             "machine": {"python": platform.python_version(), "platform": platform.platform(),
                         "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
             "arguments": arguments}

@@ -5,7 +5,7 @@ What it does (as root; everything it creates is removed however it exits):
 1. Two network namespaces joined by a veth pair (198.18.0.1/30 and
    198.18.0.2/30, addresses of a range reserved for benchmarks), each end
    capped with ``tc qdisc ... tbf`` at ``--rate`` (netem is not available
-   here, so the cap is bandwidth only). One compute thread per rank, gloo
+   here, so the cap is bandwidth only). One compute thread per rank, rank k pinned to CPU k (``--no-pin``: not), gloo
    over the veth (``GLOO_SOCKET_IFNAME``), launched with plain torchrun
    (``--nnodes 2``), one node per namespace.
 2. ``schedopt calibrate`` on that link: the cluster JSON.
@@ -109,6 +109,20 @@ def _run(cmd: list[str]) -> None:
 # ----------------------------------------------------------------------------- launches
 
 
+#: Pin rank k's processes (and every thread they start) to CPU k, so that each rank's compute and
+#: its collectives' threads share one core and neither rank's compute is descheduled by the other
+#: rank's communication (``--no-pin`` leaves placement to the kernel).
+PIN = True
+
+
+def _pinned(node: int):
+    """A ``preexec_fn`` that pins the child to CPU ``node`` (modulo the CPUs this process may use)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not PIN or len(cpus) < 2:
+        return None
+    return lambda: os.sched_setaffinity(0, {cpus[node % len(cpus)]})
+
+
 def launch(link: Link, argv: list[str], *, env: dict[str, str], timeout_s: float, log: Path) -> None:
     """Run ``torchrun --nnodes 2 ... argv`` with one node in each namespace; raise when either fails."""
     port = str(29500 + os.getpid() % 1000)
@@ -122,7 +136,7 @@ def launch(link: Link, argv: list[str], *, env: dict[str, str], timeout_s: float
         handles.append(handle)
         procs.append(subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
                                       env={**os.environ, **env, "GLOO_SOCKET_IFNAME": dev, "OMP_NUM_THREADS": "1"},
-                                      start_new_session=True))
+                                      start_new_session=True, preexec_fn=_pinned(node)))
     deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
@@ -155,7 +169,8 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float) -
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "schedopt", "profile", model, "-o", str(out.with_suffix(f".{k}.json")),
                                "--iterations", "5", *batch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True) for k in range(2)]
+                              stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_pinned(k))
+             for k in range(2)]
     try:
         outputs = [p.communicate(timeout=timeout_s) for p in procs]
     except subprocess.TimeoutExpired:
@@ -186,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="cpsat's seed and the training's (model and data)")
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--keep", help="keep the work files (graph, cluster, plans, logs) in this directory")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin rank k to CPU k (see PIN)")
     args = parser.parse_args(argv)
+    global PIN
+    PIN = not args.no_pin
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))

@@ -79,6 +79,11 @@ class Machine:
         self.t = t
         return start, t
 
+    def advance(self, t, work):
+        """:meth:`run` from time ``t``; returns the end."""
+        self.t = t
+        return self.run(work)[1]
+
     def send(self, ready, duration):
         """Send a collective (FIFO): issued at max(ready, the previous issue), started when the channel
         is free. Returns (issue, start, end)."""
@@ -159,21 +164,13 @@ def run_steady_state(program: StepProgram, *, max_steps: int = MAX_STEPS,
                         if done_prev[k] > t:
                             t = done_prev[k]
                         start = t
-                        if slowed:
-                            machine.t = t
-                            t = machine.run(update[k])[1]
-                        else:
-                            t += update[k]
+                        t = machine.advance(t, update[k]) if slowed else t + update[k]
                         if record:
                             settled.append((k, reached, before, start, t))
                 if j == n:
                     break
                 start = t
-                if slowed:
-                    machine.t = t
-                    t = machine.run(work[j])[1]
-                else:
-                    t += work[j]
+                t = machine.advance(t, work[j]) if slowed else t + work[j]
                 if record:
                     starts[j], ends[j] = start, t
             while c < num_chunks and chunk_ready[c] <= j:  # FIFO: after its last gradient and chunk c - 1

@@ -66,20 +66,21 @@ def inputs(tmp_path_factory) -> Path:
     return d
 
 
-def graph_variant(d: Path, change) -> str:
-    data = json.loads((d / "g.json").read_text())
+def variant(d: Path, source: str, change) -> str:
+    """A copy of ``source`` (``g.json``, ``p.json``) with ``change`` applied to its JSON."""
+    data = json.loads((d / source).read_text())
     change(data)
-    path = d / f"variant_{hashlib.sha1(json.dumps(data).encode()).hexdigest()[:10]}.json"
+    path = d / f"{source[0]}_{hashlib.sha1(json.dumps(data).encode()).hexdigest()[:10]}.json"
     path.write_text(json.dumps(data))
     return str(path)
+
+
+def graph_variant(d: Path, change) -> str:
+    return variant(d, "g.json", change)
 
 
 def plan_variant(d: Path, change) -> str:
-    data = json.loads((d / "p.json").read_text())
-    change(data)
-    path = d / f"plan_{hashlib.sha1(json.dumps(data).encode()).hexdigest()[:10]}.json"
-    path.write_text(json.dumps(data))
-    return str(path)
+    return variant(d, "p.json", change)
 
 
 def raw(d: Path, name: str, text: str) -> str:
