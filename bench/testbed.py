@@ -5,7 +5,7 @@ What it does (as root; everything it creates is removed however it exits):
 1. Two network namespaces joined by a veth pair (198.18.0.1/30 and
    198.18.0.2/30, addresses of a range reserved for benchmarks), each end
    capped with ``tc qdisc ... tbf`` at ``--rate`` (netem is not available
-   here, so the cap is bandwidth only). One compute thread per rank, rank k pinned to CPU k (``--no-pin``: not), gloo
+   here, so the cap is bandwidth only). One compute thread per rank (``--pin``: rank k on CPU k only), gloo
    over the veth (``GLOO_SOCKET_IFNAME``), launched with plain torchrun
    (``--nnodes 2``), one node per namespace.
 2. ``schedopt calibrate`` on that link: the cluster JSON.
@@ -109,10 +109,11 @@ def _run(cmd: list[str]) -> None:
 # ----------------------------------------------------------------------------- launches
 
 
-#: Pin rank k's processes (and every thread they start) to CPU k, so that each rank's compute and
-#: its collectives' threads share one core and neither rank's compute is descheduled by the other
-#: rank's communication (``--no-pin`` leaves placement to the kernel).
-PIN = True
+#: With ``--pin``, rank k's processes (and every thread they start) run on CPU k only. Tried as a cure
+#: for rank skew, it made things worse: each rank's collectives then take CPU from its own compute
+#: alone, which calibration (collectives without compute) cannot see (ResNet-18, 550 Mbit/s: DDP
+#: 1002 ms against 794 predicted, overlap 1.12x; bench/results/testbed_resnet18_550mbit_pinned.json).
+PIN = False
 
 
 def _pinned(node: int):
@@ -201,10 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="cpsat's seed and the training's (model and data)")
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--keep", help="keep the work files (graph, cluster, plans, logs) in this directory")
-    parser.add_argument("--no-pin", action="store_true", help="do not pin rank k to CPU k (see PIN)")
+    parser.add_argument("--pin", action="store_true", help="pin rank k to CPU k (see PIN; slower here)")
     args = parser.parse_args(argv)
     global PIN
-    PIN = not args.no_pin
+    PIN = args.pin
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
