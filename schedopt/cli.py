@@ -18,7 +18,7 @@ from .errors import SchedoptError
 from .io import check_output_dir, check_output_file, dumps, write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_file, model_kind
 from .plan import PLAN_SCHEMA, Plan
-from .problem import EXECUTIONS, MODES, Problem
+from .problem import DEFAULT_MAX_STALE_FRACTION, EXECUTIONS, MODES, Problem
 from .units import format_duration, format_size, parse_bandwidth, parse_duration, parse_size
 
 __all__ = ["main"]
@@ -180,7 +180,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     solver = get(args.solver)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution)
+    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution,
+                      max_stale_fraction=args.max_stale_fraction)
     options = _parse_options(args.option)
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
@@ -333,7 +334,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     names = _solver_list(args.solvers)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution)
+    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution,
+                      max_stale_fraction=args.max_stale_fraction)
     out = Path(args.out) if args.out else None
 
     saved: dict[str, tuple[Plan, Any]] = {}  # solver -> (plan, timeline), with --out
@@ -375,15 +377,14 @@ def _write_comparison_chart(problem: Problem, saved: dict[str, tuple[Plan, Any]]
     """DDP's timeline (in barrier mode, as torch runs it) above the best plan's, on one time axis."""
     from dataclasses import replace
 
-    from .report import BASELINE
-    from .simulate import simulate
+    from .report import BASELINE, ddp_timeline
     from .trace import write_gantt_comparison
 
     best = min(rows, key=lambda r: r["iteration_s"])["solver"]
     shown = []
     if BASELINE in saved:
         plan, timeline = saved[BASELINE]
-        ddp = timeline if problem.mode == "barrier" else simulate(replace(problem, mode="barrier"), plan)
+        ddp = timeline if problem.mode == "barrier" else ddp_timeline(problem, plan)
         shown.append((BASELINE, ddp))
     if best != BASELINE:
         shown.append((best, saved[best][1]))
@@ -421,6 +422,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     quiet = not _show_progress(args)
     rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
                  execution=args.execution, time_limit_s=args.time_limit, seed=args.seed,
+                 max_stale_fraction=args.max_stale_fraction,
                  progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
     out = Path(args.out) if args.out else None
     plot = args.plot or (str(out / "sweep.png") if out else None)
@@ -468,6 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", required=True, help="solver name (see 'schedopt compare --solvers all')")
     _add_cluster_options(p, defaults=True)
     p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
+                   help=f"osp mode: the most parameter bytes (share) read one step stale "
+                        f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
     p.add_argument("--execution", choices=EXECUTIONS, default="eager",
                    help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
                         "compiled: reorder ops too (needs a compiled runtime)")
@@ -513,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solvers", default="all", help="'all' or a comma-separated list (default all)")
     _add_cluster_options(p, defaults=True)
     p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
+                   help=f"osp mode: the most parameter bytes (share) read one step stale "
+                        f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
     p.add_argument("--execution", choices=EXECUTIONS, default="eager",
                    help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
                         "compiled: reorder ops too (needs a compiled runtime)")
@@ -537,6 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", metavar="FILE", default=None,
                    help="a cluster JSON whose latency, call overhead and algorithm every case keeps")
     p.add_argument("--mode", choices=MODES, default="barrier")
+    p.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
+                   help=f"osp mode: the most parameter bytes (share) read one step stale "
+                        f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
     p.add_argument("--execution", choices=EXECUTIONS, default="eager",
                    help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
                         "compiled: reorder ops too (needs a compiled runtime)")

@@ -43,23 +43,30 @@ __all__ = [
     "chunk_bounds",
 ]
 
-PLAN_SCHEMA = "schedopt.plan/2"
-#: Schemas this schedopt reads; a plan of schema 1 predates ``execution`` and loads as ``compiled``.
-READABLE_SCHEMAS = ("schedopt.plan/1", PLAN_SCHEMA)
+PLAN_SCHEMA = "schedopt.plan/3"
+#: Schemas this schedopt reads: schema 1 predates ``execution`` (it loads as ``compiled``), schemas
+#: 1 and 2 predate bucket stages (every bucket is stage 1). A schedopt that reads only 1 and 2
+#: refuses a schema-3 plan by name, so an ``osp`` plan never runs as an ``overlap`` one.
+READABLE_SCHEMAS = ("schedopt.plan/1", "schedopt.plan/2", PLAN_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Bucket:
-    """Parameters whose gradients travel in one collective (or ``chunks`` pieces)."""
+    """Parameters whose gradients travel in one collective (or ``chunks`` pieces).
+
+    ``stage`` (``osp`` plans): 1, applied before the next step reads it, as in ``overlap``; 2,
+    all-reduced in the background, the next step reading it corrected by the local gradient.
+    """
 
     params: tuple[str, ...]
     chunks: int = 1
+    stage: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", tuple(self.params))
 
     def to_json(self) -> dict[str, Any]:
-        return {"params": list(self.params), "chunks": self.chunks}
+        return {"params": list(self.params), "chunks": self.chunks, "stage": self.stage}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -242,10 +249,11 @@ class Plan:
                            num_params=model.integer("num_params"), params=None if params is None else tuple(params)),
             cluster=parsed_cluster,
             mode=root.string("mode"),
-            execution=root.string("execution") if schema == PLAN_SCHEMA else "compiled",
+            execution=root.string("execution") if schema != "schedopt.plan/1" else "compiled",
             schema=str(schema),
             order=root.strings("order"),
-            buckets=tuple(Bucket(params=b.strings("params"), chunks=b.get("chunks", 1)) for b in root.items("buckets")),
+            buckets=tuple(Bucket(params=b.strings("params"), chunks=b.get("chunks", 1), stage=b.get("stage", 1))
+                          for b in root.items("buckets")),
             solver=SolverInfo(
                 name=solver.string("name"), status=solver.string("status", "UNKNOWN"),
                 solve_time_s=solver.number("solve_time_s", 0.0),  # type: ignore[arg-type]
@@ -286,7 +294,8 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
     2. The order runs every op exactly once and respects every dependency;
        an ``eager`` plan's order is the engine's (:func:`schedopt.orders.engine_order`).
     3. Every parameter is in exactly one bucket; buckets are non-empty, hold
-       one dtype, and have between 1 and (bucket elements) chunks.
+       one dtype, and have between 1 and (bucket elements) chunks; a bucket's
+       stage is 1, or 2 in an ``osp`` plan.
 
     Raises:
         PlanMismatchError: the fingerprints differ.
@@ -349,6 +358,9 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
             raise InvalidPlanError(
                 f"bucket {k} has chunks = {bucket.chunks!r}; expected an integer from 1 to {max(numel, 1)}"
             )
+        if bucket.stage not in ((1, 2) if plan.mode == "osp" else (1,)):
+            raise InvalidPlanError(f"bucket {k} has stage = {bucket.stage!r}; expected 1"
+                                   + (" or 2" if plan.mode == "osp" else f" (stage 2 needs an osp plan, not {plan.mode})"))
     unbucketed = [name for name in graph.params if name not in home]
     if unbucketed:
         more = f" and {len(unbucketed) - 3} more" if len(unbucketed) > 3 else ""

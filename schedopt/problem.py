@@ -28,28 +28,43 @@ from .cluster import Cluster
 from .errors import SchedoptError
 from .graph import TrainGraph
 
-__all__ = ["Problem", "MODES", "Mode", "EXECUTIONS", "Execution"]
+__all__ = ["Problem", "MODES", "Mode", "EXECUTIONS", "Execution", "DEFAULT_MAX_STALE_FRACTION"]
 
-Mode = Literal["barrier", "overlap"]
-MODES: tuple[str, ...] = ("barrier", "overlap")
+Mode = Literal["barrier", "overlap", "osp"]
+MODES: tuple[str, ...] = ("barrier", "overlap", "osp")
+#: ``osp`` mode: the share of parameter bytes a plan may leave stale for a step, by default.
+DEFAULT_MAX_STALE_FRACTION = 0.5
 Execution = Literal["eager", "compiled"]
 EXECUTIONS: tuple[str, ...] = ("eager", "compiled")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Problem:
-    """What a solver schedules: ``graph`` on ``cluster`` in ``mode``, run with ``execution``."""
+    """What a solver schedules: ``graph`` on ``cluster`` in ``mode``, run with ``execution``.
+
+    ``max_stale_fraction`` (``osp`` mode): the most parameter bytes, as a share of all, whose
+    buckets a plan may put in stage 2 (read one step stale, corrected by the local gradient).
+    """
 
     graph: TrainGraph
     cluster: Cluster
     mode: Mode = "barrier"
     execution: Execution = "eager"
+    max_stale_fraction: float = DEFAULT_MAX_STALE_FRACTION
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise SchedoptError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if self.execution not in EXECUTIONS:
             raise SchedoptError(f"unknown execution {self.execution!r}; valid: {', '.join(EXECUTIONS)}")
+        fraction = self.max_stale_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+            raise SchedoptError(f"max_stale_fraction must be a number from 0 to 1, got {fraction!r}")
+
+    @property
+    def deferred(self) -> bool:
+        """True when updates wait for the next forward's reads (``overlap`` and ``osp``)."""
+        return self.mode in ("overlap", "osp")
 
     @property
     def reorders(self) -> bool:

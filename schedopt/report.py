@@ -40,7 +40,7 @@ import io
 from typing import Any, Callable, Iterable, Sequence
 
 from .plan import Plan
-from .problem import Problem
+from .problem import DEFAULT_MAX_STALE_FRACTION, Problem
 
 __all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
            "format_table", "format_csv", "perfect_overlap_s"]
@@ -85,13 +85,19 @@ def perfect_overlap_s(problem: Problem) -> float:
 
 def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:
     """DDP's iteration as torch runs it: the ``pytorch-ddp`` plan in ``barrier`` mode, whatever the problem's."""
+    if problem.mode == "barrier":
+        return ddp_plan.predicted.iteration_s  # type: ignore[union-attr]
+    return ddp_timeline(problem, ddp_plan).iteration_s
+
+
+def ddp_timeline(problem: Problem, ddp_plan: Plan):
+    """The ``pytorch-ddp`` plan's buckets run as torch's DDP runs them: ``barrier`` mode, one stage."""
     from dataclasses import replace
 
     from .simulate import simulate
 
-    if problem.mode == "barrier":
-        return ddp_plan.predicted.iteration_s  # type: ignore[union-attr]
-    return simulate(replace(problem, mode="barrier"), ddp_plan).iteration_s
+    plan = replace(ddp_plan, mode="barrier", buckets=tuple(replace(b, stage=1) for b in ddp_plan.buckets))
+    return simulate(replace(problem, mode="barrier"), plan)
 
 
 def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None) -> dict[str, Any]:
@@ -160,6 +166,7 @@ def sweep(
     world_sizes: Sequence[int],
     solvers: Sequence[str],
     mode: str = "barrier",
+    max_stale_fraction: float = DEFAULT_MAX_STALE_FRACTION,
     execution: str = "eager",
     time_limit_s: float | None = None,
     seed: int = 0,
@@ -176,7 +183,8 @@ def sweep(
     cases = [(n, bw) for n in world_sizes for bw in bandwidths_Bps]
     for world_size, bandwidth in progress(cases):
         cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
-        problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution)  # type: ignore[arg-type]
+        problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution,  # type: ignore[arg-type]
+                          max_stale_fraction=max_stale_fraction)
         for row in compare(problem, solvers, time_limit_s=time_limit_s, seed=seed):
             rows.append({"world_size": world_size, "bandwidth_Bps": bandwidth, **row})
     return rows

@@ -194,7 +194,7 @@ def lower_bound(problem: Problem) -> float:
     if not graph.params or cluster.world_size == 1:
         return compute + totals.optimizer_s
     c_all = cluster.allreduce_s(graph.total_param_bytes)
-    if problem.mode == "overlap":
+    if problem.deferred:  # overlap and osp: every byte crosses the channel once per period
         return max(compute + totals.optimizer_s, c_all)
     first, union = graph.gradient_ancestor_s
     c_min = min(cluster.allreduce_s(p.nbytes) for p in graph.params.values())
@@ -338,9 +338,11 @@ def update_costs(graph: TrainGraph) -> dict[str, float]:
 
 
 def _update_costs(graph: TrainGraph, plan: Plan) -> list[float]:
-    """The optimizer time of each bucket's update (overlap mode)."""
+    """The optimizer time of each bucket's update per step (overlap and osp modes): a stage-2 bucket
+    runs it twice, the committed update with the average of two steps before and the local-gradient
+    correction (LGP) of the last step."""
     per_param = update_costs(graph)
-    return [sum(per_param[name] for name in b.params) for b in plan.buckets]
+    return [b.stage * sum(per_param[name] for name in b.params) for b in plan.buckets]
 
 
 def _first_readers_of_buckets(graph: TrainGraph, compute_ops: list[str], home: Mapping[str, int],
@@ -377,7 +379,7 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
         work=[graph.ops[o].duration_s for o in compute_ops], settle=settle, update=update_s,
         chunk_ready=[max((position[graph.params[n].grad_op] for n in c.params), default=-1) for c in layout],
         chunk_bucket=[c.bucket for c in layout], chunk_time=[cluster.allreduce_s(c.nbytes) for c in layout],
-        interference=_interference(cluster))
+        interference=_interference(cluster), lag=[b.stage for b in plan.buckets])
     events: list[Event] = []
     # per step: when each gradient was ready, when the stream reached each bucket's first reader, synced
     history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []
@@ -399,16 +401,15 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
         history.append((ready, {k: reached for k, reached, *_ in settled}, _synced(timings)))
 
     run = run_steady_state(program, on_step=record)
-    # Windows of the second-to-last step: ready there, needed in the last step.
-    ready, _, synced = history[-2]
+    # Windows: ready in the step ``stage`` steps before the last, needed in the last step.
     _, reached_next, _ = history[-1]
-    windows = {
-        name: Window(ready_s=ready[name], deadline_s=reached_next[home[name]], synced_s=synced[name])
-        for name in graph.params
-    }
+    windows = {}
+    for name in graph.params:
+        ready, _, synced = history[-1 - plan.buckets[home[name]].stage]
+        windows[name] = Window(ready_s=ready[name], deadline_s=reached_next[home[name]], synced_s=synced[name])
     compute = _compute_total(graph)
     return Timeline(
-        mode="overlap",
+        mode=problem.mode,
         iteration_s=run.period,
         compute_s=compute,
         comm_s=sum(program.chunk_time),

@@ -14,6 +14,9 @@ CP-SAT hint (integer ticks, every op). The semantics are the simulator's:
   whose first reader is j are *settled*: the stream waits for the end of
   the bucket's last chunk of the previous step, then runs its update
   (position ``len(work)``: the end of the step, for buckets nothing reads);
+  a bucket of lag 2 (``osp``'s stage 2) waits for its chunks of two steps
+  before instead (none in the second step: the forward reads the locally
+  corrected parameters);
 - the period is the distance between step ends once three consecutive
   periods agree (relative 1e-12; exactly, in integer ticks). A plan that
   has not settled after ``max_steps`` steps gets the mean of its last four
@@ -114,6 +117,8 @@ class StepProgram:
     chunk_bucket: Sequence[int]
     chunk_time: Sequence
     interference: float = 0.0
+    #: per bucket, the steps back whose collective its settle waits for (1; 2 for osp's stage 2)
+    lag: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,8 @@ def run_steady_state(program: StepProgram, *, max_steps: int = MAX_STEPS,
     machine = Machine(program.interference)
     slowed = machine.slow != 1.0
     record = on_step is not None
-    done_prev = [0] * num_buckets  # bucket -> end of its last chunk in the previous step
+    lag = program.lag or [1] * num_buckets
+    history: list[list] = []  # per step, bucket -> end of its last chunk
     step_ends: list = []
     t = issued = channel = 0  # the stream's clock, the last issue, the channel's end
     for step in range(max_steps):
@@ -161,8 +167,9 @@ def run_steady_state(program: StepProgram, *, max_steps: int = MAX_STEPS,
                     reached = t
                     for k in settle[j]:
                         before = t
-                        if done_prev[k] > t:
-                            t = done_prev[k]
+                        ready = history[-lag[k]][k] if len(history) >= lag[k] else 0
+                        if ready > t:
+                            t = ready
                         start = t
                         t = machine.advance(t, update[k]) if slowed else t + update[k]
                         if record:
@@ -188,7 +195,7 @@ def run_steady_state(program: StepProgram, *, max_steps: int = MAX_STEPS,
                 c += 1
         assert c == num_chunks, "every chunk is ready by the end of the step"
         step_ends.append(t)
-        done_prev = done
+        history = [*history[-1:], done]
         if record:
             on_step(step, starts, ends, settled, chunks)
         if _converged(step_ends):

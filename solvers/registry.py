@@ -56,7 +56,10 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
                 ) from None
             check_options(name, signature, options, limits=limits)
             started = time.perf_counter()
-            plan = fn(problem, **options)
+            if problem.mode == "osp":  # every solver plans overlap; the stage-2 set is chosen after it
+                plan = _osp(problem, fn(replace(problem, mode="overlap"), **options))
+            else:
+                plan = fn(problem, **options)
             elapsed = time.perf_counter() - started
             validate(plan, problem.graph)
             if not plan.solver.solve_time_s:
@@ -67,6 +70,18 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
         return run
 
     return decorate
+
+
+def _osp(problem: Problem, plan: Plan) -> Plan:
+    """An ``overlap`` plan made ``osp`` (:func:`.stages.choose_stages`); the solver's objective and
+    proven bound were for ``overlap`` and are dropped (``stats["osp"]`` says so)."""
+    from .stages import choose_stages, stale_fraction
+
+    validate(plan, problem.graph)
+    osp = choose_stages(problem, plan)
+    stats = {**plan.solver.stats, "stale_fraction": stale_fraction(problem, osp.buckets),
+             "osp": "stage 2 chosen greedily on the overlap plan; the overlap objective and bound do not apply"}
+    return replace(osp, solver=replace(plan.solver, objective_s=None, bound_s=None, stats=stats))
 
 
 def get(name: str) -> SolverFn:
