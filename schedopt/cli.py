@@ -66,6 +66,19 @@ def _graph(args: argparse.Namespace, spec: str | None = None):
                                                         batch_size=args.batch_size))
 
 
+def _add_problem_options(parser: argparse.ArgumentParser) -> None:
+    """The mode, execution and solve options of ``plan``, ``compare`` and ``sweep``."""
+    parser.add_argument("--mode", choices=MODES, default="barrier")
+    parser.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
+                        help=f"osp mode: the most parameter bytes (share) read one step stale "
+                             f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
+    parser.add_argument("--execution", choices=EXECUTIONS, default="eager",
+                        help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
+                             "compiled: reorder ops too (needs a compiled runtime)")
+    parser.add_argument("--time-limit", type=_duration, default=None, help="solver time limit, e.g. 30 or 30s")
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     group = parser.add_argument_group("cluster")
     group.add_argument("--world-size", type=_positive_int, default=None,
@@ -469,15 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--solver", required=True, help="solver name (see 'schedopt compare --solvers all')")
     _add_cluster_options(p, defaults=True)
-    p.add_argument("--mode", choices=MODES, default="barrier")
-    p.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
-                   help=f"osp mode: the most parameter bytes (share) read one step stale "
-                        f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
-    p.add_argument("--execution", choices=EXECUTIONS, default="eager",
-                   help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
-                        "compiled: reorder ops too (needs a compiled runtime)")
-    p.add_argument("--time-limit", type=_duration, default=None, help="solver time limit, e.g. 30 or 30s")
-    p.add_argument("--seed", type=int, default=0)
+    _add_problem_options(p)
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="solver option (repeatable)")
     p.add_argument("--progress", action="store_true",
                    help="print the solver's objective and bound as they improve, even when stderr is not a terminal")
@@ -517,15 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--solvers", default="all", help="'all' or a comma-separated list (default all)")
     _add_cluster_options(p, defaults=True)
-    p.add_argument("--mode", choices=MODES, default="barrier")
-    p.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
-                   help=f"osp mode: the most parameter bytes (share) read one step stale "
-                        f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
-    p.add_argument("--execution", choices=EXECUTIONS, default="eager",
-                   help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
-                        "compiled: reorder ops too (needs a compiled runtime)")
-    p.add_argument("--time-limit", type=_duration, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    _add_problem_options(p)
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     p.add_argument("--out", help="directory for each solver's plan, trace and Gantt chart")
     p.add_argument("--progress", action="store_true", help="show a progress bar even when stderr is not a terminal")
@@ -544,15 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", choices=["ring", "tree"], default=None)
     p.add_argument("--cluster", metavar="FILE", default=None,
                    help="a cluster JSON whose latency, call overhead and algorithm every case keeps")
-    p.add_argument("--mode", choices=MODES, default="barrier")
-    p.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
-                   help=f"osp mode: the most parameter bytes (share) read one step stale "
-                        f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
-    p.add_argument("--execution", choices=EXECUTIONS, default="eager",
-                   help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
-                        "compiled: reorder ops too (needs a compiled runtime)")
-    p.add_argument("--time-limit", type=_duration, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    _add_problem_options(p)
     p.add_argument("--format", choices=["table", "json", "csv"], default="table")
     p.add_argument("--out", help="directory for sweep.csv, sweep.json and sweep.png")
     p.add_argument("--plot", help="where to draw the plot (default DIR/sweep.png with --out)")
