@@ -150,6 +150,7 @@ def profile_torch(
     # 2-3. interleave the traced run, the eager step and the optimizer so that
     # load from elsewhere on the machine hits all three alike
     steps, opt_times = [], []
+    ratios: dict[str, list[float]] = {n: [] for n, p in model.named_parameters() if p.requires_grad}
     try:
         for i in range(warmup + iterations):
             if i == warmup:
@@ -161,6 +162,7 @@ def profile_torch(
             if i >= warmup:
                 steps.append(step_s)
                 opt_times.append(opt_s)
+                _record_grad_to_weight(model, ratios)  # outside the timed calls
     except Exception as exc:  # noqa: BLE001 - user model failed at run time
         raise GraphImportError(f"running {name} failed while profiling: {type(exc).__name__}: {exc}") from exc
     durations: dict[str, float] = {}
@@ -173,6 +175,8 @@ def profile_torch(
     # 4. measured graph and report
     profiled = graph.with_durations(durations, meta={
         "costs": "profiled", "profile_device": "cuda" if on_cuda else "cpu", "profile_iterations": iterations,
+        # osp's stage-2 tie-break (solvers/stages.py): how far a stale copy moves per step
+        "grad_to_weight": {n: statistics.median(v) for n, v in ratios.items() if v and n in graph.params},
     })
     report = ProfileReport(
         device="cuda" if on_cuda else "cpu",
@@ -183,3 +187,13 @@ def profile_torch(
         num_ops_timed=len(durations),
     )
     return profiled, report
+
+
+def _record_grad_to_weight(model: Any, ratios: dict[str, list[float]]) -> None:
+    """Append ``|grad| / |weight|`` of each trainable parameter (its gradient of the step just run)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in ratios and p.grad is not None:
+                ratios[name].append(float(p.grad.norm() / p.norm().clamp_min(1e-12)))

@@ -15,7 +15,8 @@ The rule, greedy on the simulated period:
    go to the bucket whose gradients are
    smallest relative to their weights, when the graph carries that
    statistic (``meta["grad_to_weight"]``: parameter name -> ``|g| / |w|``,
-   measured over warm-up steps), since a stale copy of it moves least.
+   the median over the timed steps of ``schedopt profile``), since a stale
+   copy of it moves least.
    Each of the largest stage-1 parameters that share a bucket is also tried
    alone, split off into a new stage-2 bucket sent last.
 3. Repeat until no candidate shortens the period.

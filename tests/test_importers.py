@@ -224,6 +224,9 @@ def test_cli_import_and_profile(tmp_path):
     assert "measured step" in result.stdout
     profiled = TrainGraph.load(profiled_path)
     assert profiled.meta["costs"] == "profiled"
+    # gradient statistics for osp's stage-2 choice: every parameter, finite and non-negative
+    ratios = profiled.meta["grad_to_weight"]
+    assert set(ratios) == set(profiled.params) and all(0 <= r < float("inf") for r in ratios.values())
     # the real-tensor trace has the op structure of the fake-tensor import: plans made on one fit the other
     assert profiled.fingerprint == imported.fingerprint
     bad = run("import", f"{MODELS_FILE}:tiny_cnn", "--device", "tpu9")
