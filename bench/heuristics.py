@@ -20,7 +20,7 @@ from schedopt.report import compare, format_table
 from schedopt.solvers import SOLVERS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import write_result  # noqa: E402
+from provenance import begin, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,6 +48,7 @@ def main() -> int:
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     args = parser.parse_args()
     solvers = [s for s in SOLVERS if s != "cpsat"] if args.time_limit is None else list(SOLVERS)
+    begin()
     slower, all_rows = [], []
     for name in args.models.split(","):
         graph = cached_graph(name, args.device)

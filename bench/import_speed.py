@@ -23,6 +23,9 @@ import time
 import warnings
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import begin, write_result  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "examples" / "models.py"
 ALL_MODELS = ["resnet50", "vgg16", "inception", "gpt2_small", "bert_base"]
@@ -97,6 +100,7 @@ def main() -> int:
         print(json.dumps(run_one(*args.one, seed=args.seed)))
         return 0
 
+    begin()
     onnx_dir = Path(args.onnx_dir)
     onnx_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -126,9 +130,6 @@ def main() -> int:
             print(f"{model_name:<11} {route:<7} {r['ops']:>6} {r['params']:>6} {r['import_s']:>9.2f} "
                   f"{r['peak_mib']:>9.0f} {r['step_flops'] / 1e9:>11.1f} {vs_aten:>8} {vs_counter:>15} {same:>12}")
     if args.json:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from provenance import write_result
-
         write_result(args.json, rows, vars(args))
     return 0
 

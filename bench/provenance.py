@@ -16,13 +16,20 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
-#: The commit when the bench started (the script imports this module first): what its code was.
-STARTED_AT = _git("rev-parse", "HEAD") + ("+dirty" if _git("status", "--porcelain") else "")
+_started_at: str | None = None
+
+
+def begin() -> None:
+    """Record the commit the bench starts from (what its code was); call it before the work."""
+    global _started_at
+    if _started_at is None:
+        _started_at = _git("rev-parse", "HEAD") + ("+dirty" if _git("status", "--porcelain") else "")
 
 
 def provenance(arguments: dict[str, Any]) -> dict[str, Any]:
-    """``commit`` (at the start; ``+dirty`` with uncommitted changes), ``machine`` and ``arguments``."""
-    return {"commit": STARTED_AT,
+    """``commit`` (at :func:`begin`; ``+dirty`` with uncommitted changes), ``machine`` and ``arguments``."""
+    begin()  # a bench that never called it: the commit now
+    return {"commit": _started_at,
             "machine": {"python": platform.python_version(), "platform": platform.platform(),
                         "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
             "arguments": arguments}

@@ -30,6 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import begin, write_result  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker[0], int(args.worker[1]), args.worker[2])
         sys.stdout.flush()
         os._exit(0)  # past gloo's teardown, which aborts now and then in torch 2.13 (see examples/train.py)
+    begin()
     rows = []
     print(f"{'model':10s} {'ddp ms':>9s} {'barrier ms':>11s} {'overlap ms':>11s} {'barrier/ddp':>12s} "
           f"{'overlap/barrier':>16s} {'(per step)':>11s}")
@@ -161,9 +165,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrap({startup['model']}, {startup['num_params']:,} parameters) on 2 ranks: {startup['wrap_s']:.2f} s")
         rows.append({"startup": startup})
     if args.json:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from provenance import write_result
-
         write_result(args.json, rows, vars(args))
     return 0
 

@@ -22,7 +22,7 @@ from schedopt.solvers import SOLVERS, get
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heuristics import cached_graph  # noqa: E402
-from provenance import write_result  # noqa: E402
+from provenance import begin, write_result  # noqa: E402
 
 
 def main() -> int:
@@ -39,6 +39,7 @@ def main() -> int:
     parser.add_argument("--json", help="also write the rows here, with the commit and the machine")
     args = parser.parse_args()
     heuristics = [s for s in SOLVERS if s != "cpsat"]
+    begin()
     rows = []
     print(f"{'model':<11} {'ranks':>5} {'net':<6} {'mode':<7} " + " ".join(f"{h[:9]:>9}" for h in heuristics)
           + f" {'cpsat':>9} {'status':<9} {'gap':>7} {'headroom: best heur':>19} {'cpsat':>6} {'time s':>7}")

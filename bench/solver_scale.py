@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import begin, write_result  # noqa: E402
 
 CASES = ["transformer_like:12", "transformer_like:48", "transformer_like:96", "resnet50", "vgg16", "inception",
          "gpt2_small", "bert_base"]
@@ -74,6 +75,7 @@ def main() -> int:
         print(json.dumps(run_case(args.one, args.network, args.world_size, args.mode, args.time_limit, args.execution,
                                   seed=args.seed)))
         return 0
+    begin()
     rows = []
     print(f"{args.network}, {args.world_size} ranks, {args.mode}, time limit {args.time_limit:g} s")
     print(f"{'case':<22} {'ops':>6} {'coarse':>6} {'vars':>7} {'warm s':>6} {'model s':>7} {'first s':>8} "
@@ -96,9 +98,6 @@ def main() -> int:
               f"{first:>8} {r['solve_s']:>8.1f} {r['wall_s']:>7.1f} {r['status']:<9} {r['result']:<7} {gap:>7} "
               f"{r['peak_mib']:>9.0f}", flush=True)
     if args.json:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from provenance import write_result
-
         write_result(args.json, rows, vars(args))
     return 0
 

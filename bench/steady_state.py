@@ -30,7 +30,7 @@ from schedopt.synthetic import transformer_like
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heuristics import cached_graph  # noqa: E402
-from provenance import write_result  # noqa: E402
+from provenance import begin, write_result  # noqa: E402
 
 
 def random_buckets(rng: random.Random, units: int, count: int) -> list[list[int]]:
@@ -87,6 +87,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     args = parser.parse_args()
+    begin()
     rows = []
     print(f"{'graph':<22} {'ops':>6} {'units':>6} {'search ms':>10} {'simulate ms':>12} {'hint ms':>9}")
     for name in args.models.split(","):

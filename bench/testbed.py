@@ -48,6 +48,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import begin, write_result  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("testbed: needs root (it creates network namespaces and tc qdiscs); run it with sudo", file=sys.stderr)
         return 2
+    begin()
     link = Link(args.rate)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="schedopt-testbed-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -236,9 +240,6 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     print_table(rows)
     if args.json:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from provenance import write_result
-
         write_result(args.json, rows, vars(args))
     print(f"testbed: {time.monotonic() - started:.0f} s")
     return 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from schedopt.errors import GraphImportError, no_trainable_parameters
+from schedopt.errors import GraphImportError
 
 __all__ = ["ModelSpec", "load_factory", "default_loss", "is_factory_spec"]
 
@@ -112,10 +112,6 @@ def load_factory(spec: str, *, batch_size: int | None = None) -> ModelSpec:
             f"factory {name!r} must return (model, example_inputs) or (model, example_inputs, loss_fn)"
         )
     model, inputs = result[0], result[1]
-    import torch
-
-    if isinstance(model, torch.nn.Module) and not any(p.requires_grad for p in model.parameters()):
-        raise GraphImportError(no_trainable_parameters(name))
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     loss_fn = result[2] if len(result) == 3 and result[2] is not None else default_loss
     return ModelSpec(name=name, model=model, example_inputs=inputs, loss_fn=loss_fn)

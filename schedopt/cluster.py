@@ -149,6 +149,11 @@ class Cluster:
         n = self.world_size
         return 2.0 * (n - 1) / n / self.bandwidth_Bps
 
+    @property
+    def effective_interference(self) -> float:
+        """The compute slowdown while a collective runs: ``interference``, none on one rank."""
+        return self.interference if self.world_size > 1 else 0.0
+
     def allreduce_s(self, nbytes: float) -> float:
         """Return the time of one all-reduce of ``nbytes`` bytes."""
         if self.world_size == 1:

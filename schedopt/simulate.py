@@ -182,7 +182,7 @@ def comm_schedule(
     A chunk is issued at max(its gradients ready, previous chunk issued) and
     starts when the channel is free (``channel_free_s`` at first).
     """
-    machine = Machine(_interference(cluster), channel_free=channel_free_s)
+    machine = Machine(cluster.effective_interference, channel_free=channel_free_s)
     return [_send(machine, chunk, ready_s, cluster) for chunk in layout]
 
 
@@ -307,7 +307,7 @@ def _barrier_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> tuple[dict
     The ops run in order on a :class:`.steady.Machine`; after each, every next chunk
     whose gradients are all ready is issued (FIFO).
     """
-    machine = Machine(_interference(cluster))
+    machine = Machine(cluster.effective_interference)
     issuer = _StepIssuer(machine, chunk_layout(graph, plan), cluster)
     finishes = _finishes(graph)
     end: dict[str, float] = {}
@@ -359,10 +359,6 @@ def _first_readers_of_buckets(graph: TrainGraph, compute_ops: list[str], home: M
     return needs, [k for k in range(num_buckets) if k not in claimed]
 
 
-def _interference(cluster: Cluster) -> float:
-    return cluster.interference if cluster.world_size > 1 else 0.0
-
-
 def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
     """The steady state of :mod:`.steady` with every op, and its events and windows."""
     graph, cluster = problem.graph, problem.cluster
@@ -379,7 +375,7 @@ def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
         work=[graph.ops[o].duration_s for o in compute_ops], settle=settle, update=update_s,
         chunk_ready=[max((position[graph.params[n].grad_op] for n in c.params), default=-1) for c in layout],
         chunk_bucket=[c.bucket for c in layout], chunk_time=[cluster.allreduce_s(c.nbytes) for c in layout],
-        interference=_interference(cluster), lag=[b.stage for b in plan.buckets])
+        interference=cluster.effective_interference, lag=[b.stage for b in plan.buckets])
     events: list[Event] = []
     # per step: when each gradient was ready, when the stream reached each bucket's first reader, synced
     history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []

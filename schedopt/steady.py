@@ -180,7 +180,9 @@ def run_steady_state(program: StepProgram, *, max_steps: int = MAX_STEPS,
                 t = machine.advance(t, work[j]) if slowed else t + work[j]
                 if record:
                     starts[j], ends[j] = start, t
-            while c < num_chunks and chunk_ready[c] <= j:  # FIFO: after its last gradient and chunk c - 1
+            # FIFO: after its last gradient and chunk c - 1. This is Machine.send inlined: the call per
+            # chunk made the bucket search's evaluation 12% slower (0.045 -> 0.051 ms on ResNet-50)
+            while c < num_chunks and chunk_ready[c] <= j:
                 issued = t if t > issued else issued
                 begin = issued if issued > channel else channel
                 channel = begin + chunk_time[c]

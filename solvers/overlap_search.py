@@ -69,7 +69,7 @@ class SteadyState:
         self.bytes_s = [cluster.seconds_per_byte * sum(graph.params[n].nbytes for n in u) for u in self.units]
         self.update_s = [sum(per_param[n] for n in u) for u in self.units]
         self.fixed_s = cluster.fixed_s
-        self.interference = cluster.interference if cluster.world_size > 1 else 0.0
+        self.interference = cluster.effective_interference
 
     def period(self, buckets: Sequence[Sequence[int]]) -> float:
         """Return the steady-state period of ``buckets`` (lists of unit indices, in collective order).

@@ -77,8 +77,7 @@ def _osp(problem: Problem, plan: Plan) -> Plan:
     proven bound were for ``overlap`` and are dropped (``stats["osp"]`` says so)."""
     from .stages import choose_stages, stale_fraction
 
-    validate(plan, problem.graph)
-    osp = choose_stages(problem, plan)
+    osp = choose_stages(problem, plan)  # its first simulate validates the overlap plan
     stats = {**plan.solver.stats, "stale_fraction": stale_fraction(problem, osp.buckets),
              "osp": "stage 2 chosen greedily on the overlap plan; the overlap objective and bound do not apply"}
     return replace(osp, solver=replace(plan.solver, objective_s=None, bound_s=None, stats=stats))

@@ -50,7 +50,7 @@ def choose_stages(problem: Problem, plan: Plan) -> Plan:
     the module's rule; the period never longer than the ``overlap`` plan's."""
     graph = problem.graph
     ratio = graph.meta.get("grad_to_weight") or {}
-    budget = problem.max_stale_fraction * sum(p.nbytes for p in graph.params.values())
+    budget = problem.max_stale_fraction * sum(p.nbytes for p in graph.params.values()) * (1 + 1e-12)
     buckets = tuple(replace(b, stage=1) for b in plan.buckets)
     current = replace(plan, mode="osp", buckets=buckets, predicted=None)
     best_s = simulate(problem, current).iteration_s
@@ -59,15 +59,15 @@ def choose_stages(problem: Problem, plan: Plan) -> Plan:
         nbytes = [sum(graph.params[n].nbytes for n in b.params) for b in current.buckets]
         trials = []
         for k, bucket in enumerate(current.buckets):
-            if bucket.stage == 2 or used + nbytes[k] > budget * (1 + 1e-12):
+            if bucket.stage == 2 or used + nbytes[k] > budget:
                 continue
             stale = max((ratio.get(n, 0.0) for n in bucket.params), default=0.0)
-            for last in (False, True):
+            for last in ((False, True) if k + 1 < len(current.buckets) else (False,)):  # the last: one trial
                 trial = _moved(current, k, last=last)
                 trials.append((simulate(problem, trial).iteration_s, stale, nbytes[k], trial))
         for name in _largest_stage_1(current, graph):  # a large parameter alone, its bucket left stage 1
             size = graph.params[name].nbytes
-            if used + size <= budget * (1 + 1e-12):
+            if used + size <= budget:
                 trial = _split_off(current, name)
                 trials.append((simulate(problem, trial).iteration_s, ratio.get(name, 0.0), size, trial))
         if not trials:
@@ -89,7 +89,8 @@ def _largest_stage_1(plan: Plan, graph) -> list[str]:
 
 
 def _split_off(plan: Plan, name: str) -> Plan:
-    """``plan`` with parameter ``name`` out of its bucket, alone in a stage-2 bucket sent last."""
+    """``plan`` with parameter ``name`` out of its bucket (in one piece: its chunks were cut for the whole),
+    alone in a stage-2 bucket sent last."""
     buckets = [replace(b, params=tuple(n for n in b.params if n != name), chunks=1) if name in b.params else b
                for b in plan.buckets]
     return replace(plan, buckets=(*buckets, Bucket(params=(name,), stage=2)))

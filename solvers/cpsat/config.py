@@ -16,7 +16,10 @@ from schedopt.errors import SolverError
 
 from ..options import SEED_MAX
 
-__all__ = ["CpsatOptions"]
+__all__ = ["CpsatOptions", "USER_OPTIONS"]
+
+#: The fields that are the solver's options (keyword arguments of ``solve_cpsat``); the rest is tuning.
+USER_OPTIONS = ("time_limit_s", "num_workers", "seed", "max_buckets")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,13 +113,14 @@ class CpsatOptions:
         return cls(**options, **tuning)
 
     def asked(self) -> dict[str, Any]:
-        """The user's options and every tuning that differs from its default (for ``SolverInfo.options``)."""
+        """The user's options (``max_buckets`` when set) and every tuning that differs from its default
+        (for ``SolverInfo.options``)."""
         default = CpsatOptions()
-        out = {"time_limit_s": self.time_limit_s, "num_workers": self.num_workers, "seed": self.seed}
-        if self.max_buckets is not None:
-            out["max_buckets"] = self.max_buckets
-        for f in fields(self)[4:]:
-            if getattr(self, f.name) != getattr(default, f.name):
+        out = {name: getattr(self, name) for name in USER_OPTIONS}
+        if self.max_buckets is None:
+            del out["max_buckets"]
+        for f in fields(self):
+            if f.name not in USER_OPTIONS and getattr(self, f.name) != getattr(default, f.name):
                 out[f.name] = getattr(self, f.name)
         return out
 

@@ -42,7 +42,16 @@ from .buckets import BucketVars, unit_buckets
 from .coarse import coarsen, reach, ticks
 from .config import CpsatOptions
 
-__all__ = ["OverlapModel"]
+__all__ = ["OverlapModel", "overlap_units"]
+
+
+def overlap_units(graph, forward: list[str]) -> list[list[str]]:
+    """The overlap model's units: the parameters one op finishes, by dtype and first reader."""
+    first_reader = first_readers(graph, forward)
+    units: dict[tuple[str, str, int], list[str]] = {}
+    for name, p in graph.params.items():
+        units.setdefault((p.grad_op, p.dtype, first_reader[name]), []).append(name)
+    return list(units.values())
 
 
 class OverlapModel(BucketVars):
@@ -92,10 +101,7 @@ class OverlapModel(BucketVars):
         self.dur = [sum(ticks(graph.ops[o].duration_s, tick_s) for o in chain) for chain in self.coarse.chains]
         first_reader = first_readers(graph, forward)
         per_param = update_costs(graph)
-        units: dict[tuple[str, str, int], list[str]] = {}
-        for name, p in graph.params.items():
-            units.setdefault((p.grad_op, p.dtype, first_reader[name]), []).append(name)
-        self.units = list(units.values())
+        self.units = overlap_units(graph, forward)
         self.reader = [first_reader[u[0]] for u in self.units]
         self.unit_op = [self.coarse.of[graph.params[u[0]].grad_op] for u in self.units]
         self.upd = [ticks(sum(per_param[n] for n in u), tick_s) for u in self.units]

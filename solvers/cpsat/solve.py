@@ -28,7 +28,7 @@ from .barrier import BarrierModel, barrier_units
 from .buckets import unit_buckets
 from .config import CpsatOptions
 from .deadline import MIN_PHASE_S, Deadline
-from .overlap import OverlapModel
+from .overlap import OverlapModel, overlap_units
 from .phases import overlap_ops, split_prefix
 from .warm import warm_starts
 
@@ -114,10 +114,10 @@ class _Solve:
         """The CP-SAT model of the problem, or the warm start's plan when no model is worth solving."""
         problem, graph, options = self.problem, self.problem.graph, self.options
         hint_buckets = [list(b.params) for b in self.hint_plan.buckets]
-        num_units = len(barrier_units(graph))
-        self.B = options.max_buckets or min(num_units, max(len(hint_buckets) + 2, 8))
+        units = barrier_units(graph)
+        self.B = options.max_buckets or min(len(units), max(len(hint_buckets) + 2, 8))
         if problem.mode == "barrier":
-            self.check_max_buckets(barrier_units(graph), hint_buckets)
+            self.check_max_buckets(units, hint_buckets)
             head, free = split_prefix(graph, list(self.hint_plan.order), all_forward=not problem.reorders)
             profile_s = min(PROFILE_WALL_S, options.profile_share * options.time_limit_s)
             model: BarrierModel | OverlapModel = BarrierModel(problem, head, free, self.tick_s, self.B,
@@ -128,12 +128,12 @@ class _Solve:
             if set(graph.params) - read:
                 return self.fallback("FEASIBLE", "a parameter no forward op reads: the overlap model needs a "
                                      "first use", covers="nothing")
+            self.check_max_buckets(overlap_units(graph, forward), hint_buckets)  # before the costly bounds
             # the optional constant bounds may take half of what is left; CP-SAT gets the rest
             until = time.perf_counter() + BOUNDS_SHARE * self.deadline.left()
             model = OverlapModel(problem, forward, backward, self.tick_s, self.B, options, until=until)
             if model.skipped:
                 self.stats["bounds_skipped"] = f"{' and '.join(model.skipped)} (out of time)"
-            self.check_max_buckets(model.units, hint_buckets)
             if len(model.units) * self.B > options.overlap_max_pairs:
                 self.stats.update(num_coarse_ops=len(model.coarse.chains), num_units=len(model.units),
                                   num_buckets=self.B)
