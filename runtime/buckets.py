@@ -6,6 +6,11 @@ device) holding its gradients in the order the plan lists them; with
 (:func:`schedopt.plan.chunk_bounds`), one collective each. A collective may
 be issued once every gradient that overlaps its slice is in the buffer.
 Deciding this layout is separate from issuing anything (``wrapper``).
+
+A stage-2 bucket of an ``osp`` plan has two buffers: its collective of one
+step may still be running, or its average still unread, while the next
+backward writes new gradients, so each step :meth:`BucketLayout.flip` hands
+the buffer just issued to its reader and installs the other one.
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ class BucketLayout:
 
         self.buffers: list[Any] = []
         self.views: dict[str, Any] = {}
+        #: per bucket, its stage (2: double-buffered, see :meth:`flip`)
+        self.stages = [bucket.stage for bucket in plan.buckets]
+        self._spares: dict[int, Any] = {}
+        self._spans: dict[str, tuple[int, int]] = {}
+        self._shapes: dict[str, Any] = {}
+        #: per bucket, its parameters in buffer order
+        self.names: list[tuple[str, ...]] = [tuple(bucket.params) for bucket in plan.buckets]
         self.collectives: list[Collective] = []
         seen: dict[str, int] = {}
         for k, bucket in enumerate(plan.buckets):
@@ -71,12 +83,16 @@ class BucketLayout:
                 raise InvalidPlanError(f"bucket {k} has chunks = {bucket.chunks}; expected 1 to {max(numel, 1)}")
             buffer = torch.zeros(numel, dtype=members[0].dtype, device=members[0].device)
             self.buffers.append(buffer)
+            if bucket.stage == 2:
+                self._spares[k] = torch.zeros_like(buffer)
             spans: dict[str, tuple[int, int]] = {}
             offset = 0
             for name, p in zip(bucket.params, members):
                 spans[name] = (offset, offset + p.numel())
-                self.views[name] = buffer[offset:offset + p.numel()].view(p.shape)
                 offset += p.numel()
+            self._spans.update(spans)
+            self._shapes.update({name: p.shape for name, p in zip(bucket.params, members)})
+            self.views.update(self._views_of(buffer, bucket.params))
             for j, (start, end) in enumerate(chunk_bounds(numel, bucket.chunks)):
                 overlapping = tuple(n for n, (a, b) in spans.items() if a < end and start < b)
                 self.collectives.append(Collective(bucket=k, chunk=j, start=start, end=end, params=overlapping))
@@ -90,6 +106,18 @@ class BucketLayout:
         for c, collective in enumerate(self.collectives):
             for name in collective.params:
                 self.gates[name].append(c)
+
+    def _views_of(self, buffer: Any, names: tuple[str, ...]) -> dict[str, Any]:
+        return {name: buffer[self._spans[name][0]:self._spans[name][1]].view(self._shapes[name]) for name in names}
+
+    def flip(self, k: int) -> tuple[Any, dict[str, Any]]:
+        """Stage-2 bucket ``k``, all of its chunks issued: return that buffer and its per-parameter views,
+        and make the other buffer the one the next backward writes."""
+        buffer, names = self.buffers[k], self.names[k]
+        views = {name: self.views[name] for name in names}
+        self.buffers[k], self._spares[k] = self._spares[k], buffer
+        self.views.update(self._views_of(self.buffers[k], names))
+        return buffer, views
 
     def slice(self, c: int) -> Any:
         """Return the 1-D buffer slice collective ``c`` all-reduces."""

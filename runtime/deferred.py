@@ -31,55 +31,83 @@ costs nothing, keeps ``p.grad is not None`` checks true, and because the
 average is linear, gradients accumulated without ``zero_grad`` still
 average as DDP's do; code that must see averaged gradients between backward
 and step (clipping by the global norm, LBFGS) needs ``barrier`` mode.
+
+In an ``osp`` plan, stage-1 buckets behave as above and each stage-2 bucket
+as :mod:`~schedopt.runtime.stale` says (its collective of one step is waited
+for a step later; meanwhile the forward reads the weights corrected by the
+local gradient).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
+from .records import Settled, StepRequest
+from .stale import StaleBucket
+
 if TYPE_CHECKING:
     from .buckets import BucketLayout
-    from .optimizer import OptimizerDriver
 
 __all__ = ["DeferredUpdates", "StepRequest", "Settled"]
 
 log = logging.getLogger("schedopt.runtime")
 
 
-@dataclass(frozen=True, slots=True)
-class StepRequest:
-    """One ``optimizer.step()`` to apply to a bucket: the optimizer and its hyperparameters at the call."""
-
-    driver: "OptimizerDriver"
-    hyper: list[dict[str, Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class Settled:
-    """A record of one settle: which bucket, where, and whether it had to wait for the network."""
-
-    bucket: int
-    where: str  # "forward:<module>", "backward", "forward-end" or "flush"
-    waited: bool  # some collective of the bucket was still running when the settle began
-    steps: int  # optimizer steps applied
-    wait_s: float  # host time spent waiting for the collectives (on CUDA: enqueueing the wait)
-
-
-@dataclass
 class _Bucket:
-    members: list[tuple[str, nn.Parameter]]
-    works: list[Any] = field(default_factory=list)
-    requests: list[StepRequest] = field(default_factory=list)
-    generation: int = 0  # how many times its collectives were issued (a new average each time)
+    """A stage-1 bucket: its collectives in flight and the steps requested of it, applied together."""
+
+    def __init__(self, k: int, members: list[tuple[str, nn.Parameter]], layout: "BucketLayout") -> None:
+        self.k = k
+        self.members = members
+        self.layout = layout
+        self.works: list[Any] = []
+        self.requests: list[StepRequest] = []
+        self.unused: frozenset[str] = frozenset()
+        self.generation = 0  # how many times its collectives were issued (a new average each time)
 
     @property
     def pending(self) -> bool:
         return bool(self.works or self.requests)
+
+    def issued(self, work: Any, *, last_chunk: bool) -> None:
+        self.works.append(work)
+        if last_chunk:
+            self.generation += 1
+
+    def request(self, request: StepRequest, unused: frozenset[str]) -> None:
+        self.requests.append(request)
+        self.unused = unused
+
+    def due(self) -> bool:
+        return bool(self.requests)
+
+    def before_read(self, where: str) -> list[Settled]:
+        return [self._settle(where)] if self.pending else []
+
+    def before_write(self) -> list[Settled]:
+        return [self._settle("backward")] if self.pending else []
+
+    def flush(self) -> list[Settled]:
+        return [self._settle("flush")] if self.pending else []
+
+    def _settle(self, where: str) -> Settled:
+        """Wait for the collectives, then apply the requested steps with the averaged gradients."""
+        started = time.perf_counter()
+        waited = any(not w.is_completed() for w in self.works)
+        for work in self.works:
+            work.wait()
+        self.works = []
+        wait_s = time.perf_counter() - started
+        requests, self.requests = self.requests, []
+        if requests:
+            grads = [(p, None if name in self.unused else self.layout.views[name]) for name, p in self.members]
+            for request in requests:
+                request.driver.apply(grads, request.hyper)
+        return Settled(bucket=self.k, where=where, waited=waited, steps=len(requests), wait_s=wait_s)
 
 
 class DeferredUpdates:
@@ -88,15 +116,21 @@ class DeferredUpdates:
     Args:
         module: the wrapped model; a forward pre-hook goes on each module owning a planned parameter.
         params: the trainable parameters by name (the plan's names).
-        layout: the plan's buckets; bucket ``k`` settles bucket ``k``'s parameters.
+        layout: the plan's buckets; bucket ``k`` settles bucket ``k``'s parameters, a stage-2 bucket
+            as :class:`~schedopt.runtime.stale.StaleBucket` does.
+        lgp: osp's stage 2 reads its weights corrected by the local gradient (False: one step stale).
     """
 
-    def __init__(self, module: nn.Module, params: dict[str, nn.Parameter], layout: "BucketLayout") -> None:
+    def __init__(self, module: nn.Module, params: dict[str, nn.Parameter], layout: "BucketLayout", *,
+                 lgp: bool = True) -> None:
         self.layout = layout
         self.bucket_of = layout.bucket_of
-        self.buckets: list[_Bucket] = [_Bucket(members=[]) for _ in layout.buffers]
+        members: list[list[tuple[str, nn.Parameter]]] = [[] for _ in layout.buffers]
         for name, param in params.items():
-            self.buckets[self.bucket_of[name]].members.append((name, param))
+            members[self.bucket_of[name]].append((name, param))
+        self.buckets: list[_Bucket | StaleBucket] = [
+            StaleBucket(k, m, layout, lgp=lgp) if layout.stages[k] == 2 else _Bucket(k, m, layout)
+            for k, m in enumerate(members)]
         self.by_param_id = {id(p): self.bucket_of[name] for name, p in params.items()}
         self.unused: set[str] = set()  # parameters no rank used in the last synchronized backward
         #: every settle since the last forward began, in order (tests read it)
@@ -113,32 +147,27 @@ class DeferredUpdates:
 
         def hook(_module: nn.Module, _args: Any) -> None:
             for k in ks:
-                if self.buckets[k].pending:
-                    self.settle(k, label)
+                self.settled += self.buckets[k].before_read(label)
         return hook
 
     # ------------------------------------------------------------ what the wrapper reports
 
     def issued(self, k: int, work: Any, *, last_chunk: bool) -> None:
         """Bucket ``k``'s collective (one chunk) is in flight; with its last chunk, a new average is coming."""
-        self.buckets[k].works.append(work)
-        if last_chunk:
-            self.buckets[k].generation += 1
+        self.buckets[k].issued(work, last_chunk=last_chunk)
 
     def before_write(self, name: str) -> None:
-        """The backward is about to write ``name``'s gradient into its bucket: settle that bucket first."""
-        k = self.bucket_of[name]
-        if self.buckets[k].pending:
-            self.settle(k, "backward")
+        """The backward is about to write ``name``'s gradient into its bucket's buffer: free that buffer."""
+        self.settled += self.buckets[self.bucket_of[name]].before_write()
 
     def forward_began(self) -> None:
         self.settled = []
 
     def forward_ended(self) -> None:
         """Settle the buckets whose modules did not run in this forward (case 3)."""
-        unread = [k for k, b in enumerate(self.buckets) if b.requests]
+        unread = [k for k, b in enumerate(self.buckets) if b.due()]
         for k in unread:
-            self.settle(k, "forward-end")
+            self.settled += self.buckets[k].before_read("forward-end")
         if unread and not self._warned_unread:
             self._warned_unread = True
             names = [name for k in unread for name, _ in self.buckets[k].members][:4]
@@ -152,30 +181,12 @@ class DeferredUpdates:
         return self.buckets[k].generation
 
     def request(self, k: int, request: StepRequest) -> None:
-        self.buckets[k].requests.append(request)
-
-    def settle(self, k: int, where: str) -> None:
-        """Wait for bucket ``k``'s collectives, then apply its requested steps with the averaged gradients."""
-        bucket = self.buckets[k]
-        started = time.perf_counter()
-        waited = any(not w.is_completed() for w in bucket.works)
-        for work in bucket.works:
-            work.wait()
-        bucket.works = []
-        wait_s = time.perf_counter() - started
-        requests, bucket.requests = bucket.requests, []
-        if requests:
-            grads = [(p, None if name in self.unused else self.layout.views[name]) for name, p in bucket.members]
-            for request in requests:
-                request.driver.apply(grads, request.hyper)
-        self.settled.append(Settled(bucket=k, where=where, waited=waited, steps=len(requests),
-                                    wait_s=wait_s))
+        self.buckets[k].request(request, frozenset(self.unused))
 
     def flush(self) -> None:
         """Settle every bucket: no collective in flight, no step pending."""
-        for k, bucket in enumerate(self.buckets):
-            if bucket.pending:
-                self.settle(k, "flush")
+        for bucket in self.buckets:
+            self.settled += bucket.flush()
 
     @property
     def pending(self) -> bool:

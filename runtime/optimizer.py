@@ -24,6 +24,7 @@ optimizer run once per bucket.
 
 from __future__ import annotations
 
+import copy
 import logging
 from types import MethodType
 from typing import Any, Callable
@@ -33,7 +34,8 @@ from torch import nn
 
 from schedopt.errors import UnsupportedOptimizerError
 
-from .deferred import DeferredUpdates, StepRequest
+from .deferred import DeferredUpdates
+from .records import StepRequest
 
 __all__ = ["wrap_optimizer", "OptimizerDriver"]
 
@@ -132,13 +134,18 @@ class OptimizerDriver:
         if now:
             self.apply(now, None)
 
-    def apply(self, grads: list[tuple[nn.Parameter, torch.Tensor | None]], hyper: list[dict[str, Any]] | None) -> None:
+    def apply(self, grads: list[tuple[nn.Parameter, torch.Tensor | None]], hyper: list[dict[str, Any]] | None, *,
+              commit: bool = True) -> None:
         """Run the optimizer's own step on these parameters only, with these gradients and hyperparameters.
 
         Args:
             grads: ``(parameter, gradient)``; a gradient of None keeps the parameter's ``.grad``.
             hyper: per group, the hyperparameters to step with (None: the current ones).
+            commit: keep the optimizer state the step leaves (False: only the parameters move, as osp's
+                local-gradient correction needs; the state is restored as it was).
         """
+        state = self.optimizer.state
+        kept = None if commit else {p: _copy_state(state[p]) if p in state else None for p, _ in grads}
         ids = {id(p) for p, _ in grads}
         swapped = []
         for p, g in grads:
@@ -159,3 +166,14 @@ class OptimizerDriver:
                 group.update(values)
             for p, g in swapped:
                 p.grad = g
+            for p, saved_state in (kept or {}).items():
+                if saved_state is None:
+                    state.pop(p, None)
+                else:
+                    state[p] = saved_state
+
+
+def _copy_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A copy of one parameter's optimizer state that the next step cannot change (tensors cloned)."""
+    return {key: value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+            for key, value in state.items()}

@@ -18,7 +18,8 @@ What one synchronized step does (``barrier`` mode):
    When ``loss.backward()`` returns, every ``.grad`` holds the average, as
    with DDP, and equals DDP's bit for bit on 2 ranks.
 
-In ``overlap`` mode steps 1 and 2 are the same (the buffers travel
+In ``overlap`` mode (and ``osp``, whose stage-2 buckets are waited for a
+step later, :mod:`~schedopt.runtime.stale`) steps 1 and 2 are the same (the buffers travel
 asynchronously, :mod:`~schedopt.runtime.broadcast`; on gloo the collectives
 go one at a time, :mod:`~schedopt.runtime.channel`); step 3 checks unused
 parameters and returns with the collectives in flight, and each bucket's
@@ -55,11 +56,11 @@ log = logging.getLogger("schedopt.runtime")
 #: The environment variable that names the plan ``wrap`` applies when given none.
 PLAN_ENV = "SCHEDOPT_PLAN"
 #: The modes ``wrap`` runs.
-MODES = ("barrier", "overlap")
+MODES = ("barrier", "overlap", "osp")
 
 
 def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *, process_group: Any = None,
-         find_unused_parameters: bool = False) -> nn.Module:
+         find_unused_parameters: bool = False, lgp: bool = True) -> nn.Module:
     """Return ``module`` trained data-parallel under ``plan`` (or under torch's DDP without one).
 
     Args:
@@ -70,10 +71,12 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
         process_group: the group to synchronize over (default: the world).
         find_unused_parameters: as DDP's: parameters that get no gradient in a
             step are handled instead of raising :class:`UnusedParameterError`.
+        lgp: ``osp`` plans: the forward reads a stage-2 bucket's weights corrected
+            by this rank's local gradient (False, the ablation: one step stale).
 
     Raises:
-        InvalidPlanError: the plan cannot be read, is not an eager barrier or
-            overlap plan, or its buckets do not fit the model.
+        InvalidPlanError: the plan cannot be read, is not an eager barrier,
+            overlap or osp plan, or its buckets do not fit the model.
         PlanMismatchError: on every rank, when the ranks hold different plans
             or the model differs from the one planned.
 
@@ -81,7 +84,7 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
         >>> model = wrap(model, "plan.json")  # doctest: +SKIP
         >>> loss_fn(model(x), y).backward()  # every .grad holds the average  # doctest: +SKIP
 
-    With an ``overlap`` plan, pass the optimizer through
+    With an ``overlap`` or ``osp`` plan, pass the optimizer through
     :func:`~schedopt.runtime.wrap_optimizer` and call ``model.flush()`` after the last step.
     """
     if plan is None and os.environ.get(PLAN_ENV):
@@ -93,7 +96,7 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
     if not isinstance(plan, Plan):
         plan = Plan.load(plan)
     return ScheduledDataParallel(module, plan, process_group=process_group,
-                                 find_unused_parameters=find_unused_parameters)
+                                 find_unused_parameters=find_unused_parameters, lgp=lgp)
 
 
 class ScheduledDataParallel(nn.Module):
@@ -104,7 +107,7 @@ class ScheduledDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, plan: Plan, *, process_group: Any = None,
-                 find_unused_parameters: bool = False) -> None:
+                 find_unused_parameters: bool = False, lgp: bool = True) -> None:
         super().__init__()
         if plan.execution != "eager":
             raise InvalidPlanError(
@@ -129,12 +132,12 @@ class ScheduledDataParallel(nn.Module):
         self._buffers_to_sync = [b.detach() for b in module.buffers()]
         broadcast_states([p.detach() for p in module.parameters()] + self._buffers_to_sync, process_group)
         self.layout = BucketLayout(plan, self._params)
-        #: overlap mode's in-flight collectives and pending steps (None in barrier mode)
+        #: overlap and osp modes' in-flight collectives and pending steps (None in barrier mode)
         self.deferred: DeferredUpdates | None = None
         self._buffer_broadcast: BufferBroadcast | None = None
         self._channel: FifoChannel | None = None
-        if plan.mode == "overlap":
-            self.deferred = DeferredUpdates(module, self._params, self.layout)
+        if plan.mode in ("overlap", "osp"):
+            self.deferred = DeferredUpdates(module, self._params, self.layout, lgp=lgp)
             if dist.get_backend(process_group) == "gloo" and self.world_size > 1:
                 self._channel = FifoChannel(process_group)  # gloo runs collectives side by side
             if self._buffers_to_sync and self.world_size > 1:

@@ -408,3 +408,102 @@ def fifo_channel(rank: int, world: int) -> dict[str, Any]:
     channel.close()
     expected = float(sum(range(1, world + 1)))
     return {"out_of_order": out_of_order, "sums_right": all(bool((t == expected).all()) for t in tensors)}
+
+
+def _digest(tensors: Any) -> str:
+    """One hash of nested tensors (and plain values), for comparing ranks bit for bit."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def feed(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            h.update(x.detach().contiguous().cpu().numpy().tobytes())
+        elif isinstance(x, dict):
+            for key in sorted(x, key=str):
+                h.update(str(key).encode())
+                feed(x[key])
+        elif isinstance(x, (list, tuple)):
+            for item in x:
+                feed(item)
+        else:
+            h.update(repr(x).encode())
+    feed(tensors)
+    return h.hexdigest()
+
+
+def osp_training(rank: int, world: int, name: str, plan, kind: str, steps: int = 6, *,
+                 lgp: bool = True) -> dict[str, Any]:
+    """Train ``name`` under an osp plan; per step the committed state's and the live stage-2 weights' hashes.
+
+    The committed state is every stage-1 parameter, every stage-2 bucket's committed weights and the
+    optimizer's state; the live stage-2 weights are what the next forward reads (corrected by this
+    rank's own gradient with LGP). Also the final parameters after ``flush()`` and the settles.
+    """
+    from schedopt.runtime import wrap, wrap_optimizer
+    from schedopt.runtime.stale import StaleBucket
+
+    model, example, loss_fn = build(name)
+    ours = wrap(model, plan, lgp=lgp)
+    opt, _ = _optimizer(kind, ours.module, scheduler=False)
+    opt = wrap_optimizer(opt, ours)
+    stale = [b for b in ours.deferred.buckets if isinstance(b, StaleBucket)]
+    stale_ids = {id(p) for b in stale for _, p in b.members}
+    committed, live, settles, losses = [], [], [], []
+    for step in range(steps):
+        x = batch(example, seed=1000 * step + rank)
+        opt.zero_grad()
+        loss = loss_fn(ours(*x), *x)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        settles.append([(s.bucket, s.where, s.what, s.steps) for s in ours.deferred.settled])
+        state = [p for p in ours.module.parameters() if p.requires_grad and id(p) not in stale_ids]
+        committed.append(_digest([state, [b.committed_parameters() for b in stale],
+                                  [opt.state[p] for p in opt.state]]))
+        live.append(_digest([p for b in stale for _, p in b.members]))
+    ours.flush()
+    return {"committed": committed, "live": live, "settles": settles, "losses": losses,
+            "params": {n: p.detach().numpy().copy() for n, p in ours.module.named_parameters()},  # not shared fds
+            "state": _digest(opt.state_dict()), "pending_after_flush": ours.deferred.pending,
+            "logs": list(ours.collective_log)}
+
+
+def osp_reference(name: str, stale: set[str], steps: int, lr: float, *, lgp: bool, world: int = 2) -> dict:
+    """OSP's trajectory with plain SGD computed in one process for ``world`` virtual ranks.
+
+    Stage-1 parameters at step k: ``w0 - lr * sum(avg g_j, j < k)``; stage-2 ones, committed:
+    the same sum to ``k - 1``, and read by rank r as that minus ``lr * g_{k-1}^r`` (LGP) or as it
+    is. ``g_k^r`` is rank r's gradient at the weights it read. Returns the parameters after the
+    last step's average is committed.
+    """
+    model, example, loss_fn = build(name)
+    committed = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    copies = [copy.deepcopy(model) for _ in range(world)]
+    local: list[dict[str, torch.Tensor]] = [{} for _ in range(world)]
+    late: dict[str, torch.Tensor] = {}  # stage 2: the average of the step before, not yet applied
+    for step in range(steps):
+        grads = []
+        for r, replica in enumerate(copies):
+            with torch.no_grad():
+                for n, p in replica.named_parameters():
+                    if n in committed:
+                        p.copy_(committed[n])
+                        if n in stale and lgp and n in local[r]:
+                            p.add_(local[r][n], alpha=-lr)
+            replica.zero_grad()
+            x = batch(example, seed=1000 * step + r)
+            loss_fn(replica(*x), *x).backward()
+            grads.append({n: p.grad.clone() for n, p in replica.named_parameters() if n in committed})
+            local[r] = grads[-1]
+        for n in committed:
+            average = sum(torch.mul(g[n], 1.0 / world) for g in grads)
+            if n in stale:
+                if n in late:
+                    committed[n].add_(late[n], alpha=-lr)
+                late[n] = average
+            else:
+                committed[n].add_(average, alpha=-lr)
+    for n, average in late.items():
+        committed[n].add_(average, alpha=-lr)
+    return committed
