@@ -12,10 +12,10 @@ What it does (as root; everything it creates is removed however it exits):
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
    profiling at once (as they compute at once when training).
 4. ``schedopt compare --execution eager`` with every solver for the
-   calibrated cluster, in barrier mode and (with ``overlap`` in ``--modes``)
-   in overlap mode: the plans and their predictions.
+   calibrated cluster, in barrier mode and in each of ``overlap`` and ``osp``
+   that ``--modes`` names: the plans and their predictions.
 5. For each of ``--rounds`` rounds, each mode once, in alternating order
-   (``ddp``: torch DDP; ``barrier`` and ``overlap``: that mode's best
+   (``ddp``: torch DDP; ``barrier``, ``overlap`` and ``osp``: that mode's best
    predicted plan, by ``SCHEDOPT_PLAN``), each run ``--steps`` measured steps
    after warm-up (``examples/train.py``, start to start). A step's time is the
    slower rank's. Medians over every measured step, and the median over
@@ -26,7 +26,7 @@ Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``predicted_s``, ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
-overlap mode the forward's measured and predicted waits per step, and the
+overlap and osp modes the forward's measured and predicted waits per step, and the
 calibration.
 
     sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 550mbit \
@@ -54,7 +54,7 @@ from provenance import begin, write_result  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
-MODES = ("ddp", "barrier", "overlap")
+MODES = ("ddp", "barrier", "overlap", "osp")
 
 
 class TestbedError(Exception):
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every mode (default 2)")
     parser.add_argument("--modes", default="ddp,barrier,overlap", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--max-stale-fraction", type=float, default=0.5, help="osp plans' bound (default 0.5)")
     parser.add_argument("--solve-time", type=float, default=30.0, help="cpsat's time limit in seconds")
     parser.add_argument("--time-limit", type=float, default=1800.0, help="the whole bench, in seconds")
     parser.add_argument("--seed", type=int, default=0, help="cpsat's seed and the training's (model and data)")
@@ -268,13 +269,14 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     graph = TrainGraph.load(graph_file)
     # 4. plan with every solver, in each mode measured
     plan_of: dict[str, Path] = {}
-    for mode in ("barrier", "overlap"):
+    for mode in MODES[1:]:
         if mode != "barrier" and mode not in modes:
             continue
         plans_dir = work / f"plans-{mode}"
+        stale = ["--max-stale-fraction", str(args.max_stale_fraction)] if mode == "osp" else []
         rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
                                  "--mode", mode, "--execution", "eager", "--time-limit", f"{args.solve_time}s",
-                                 "--seed", str(args.seed),
+                                 "--seed", str(args.seed), *stale,
                                  "--format", "json", "--out", str(plans_dir),
                                  timeout_s=min(args.solve_time * 3 + 120, left()))
         compared = json.loads(rows_json)["rows"]
@@ -314,7 +316,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "predicted_s": timeline.iteration_s, "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
-            "predicted_wait_s": _steady_waits(timeline) if plan.mode == "overlap" else None,
+            "predicted_wait_s": _steady_waits(timeline) if plan.mode in ("overlap", "osp") else None,
             "speedup_vs_ddp": statistics.median(ratios),
             "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
@@ -323,7 +325,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
 
 
 def _steady_waits(timeline) -> float:
-    """The simulated time the forward waits for the network in one steady-state step (overlap mode)."""
+    """The simulated time the forward waits for the network in one steady-state step (overlap and osp)."""
     step = timeline.num_steps - 2
     return sum(e.duration_s for e in timeline.events if e.category == "wait" and e.step == step)
 
