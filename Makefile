@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
 	# torch==2.13.0 is the CPU wheel on this machine's disk; any other spec pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,viz,dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[torch,viz,dev,bench]'
 	touch $(STAMP)
 
 test: setup

@@ -33,7 +33,7 @@ from torch import nn
 
 __all__ = [
     "resnet50", "vgg16", "inception", "gpt2_small", "bert_base", "resnet18", "gpt_tied",
-    "tiny_cnn", "tiny_resnet", "tiny_vgg", "tiny_inception", "tiny_gpt", "tiny_bert", "tiny_branches",
+    "digits_cnn", "tiny_cnn", "tiny_resnet", "tiny_vgg", "tiny_inception", "tiny_gpt", "tiny_bert", "tiny_branches",
     "FACTORIES",
 ]
 
@@ -417,6 +417,11 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(max_len, hidden)
         self.h = nn.ModuleList([GPTBlock(hidden, num_heads, max_len) for _ in range(num_layers)])
         self.ln_f = nn.LayerNorm(hidden)
+        for m in self.modules():  # GPT-2's initialization: with torch's N(0, 1) embedding the tied
+            if isinstance(m, (nn.Linear, nn.Embedding)):  # head's logits start near +-16 (loss ~30)
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
@@ -516,6 +521,29 @@ def tiny_bert(batch_size: int = 2, seq_len: int = 16):
 
 
 # ----------------------------------------------------------------------------- small CNNs
+
+
+class DigitsCNN(nn.Module):
+    """Two conv-bn-relu layers, a max-pool and a two-layer head, for scikit-learn's 8x8 digits."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(32)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.fc1 = nn.Linear(64 * 4 * 4, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def digits_cnn(batch_size: int = 32):
+    """:class:`DigitsCNN` on 8x8 one-channel images, 10 classes (``bench/osp_accuracy.py`` trains it)."""
+    return _classification(DigitsCNN(), torch.randn(batch_size, 1, 8, 8), 10)
 
 
 class TinyCNN(nn.Module):

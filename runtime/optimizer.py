@@ -1,4 +1,4 @@
-"""``wrap_optimizer``: the user's own ``torch.optim`` optimizer, stepped per bucket in overlap mode.
+"""``wrap_optimizer``: the user's own ``torch.optim`` optimizer, stepped per bucket in overlap and osp modes.
 
 Nothing is rewritten: the optimizer's own ``step`` runs, once per bucket,
 with its parameter groups cut down to that bucket's parameters and each
@@ -46,13 +46,13 @@ REFUSED: tuple[type, ...] = (torch.optim.LBFGS,)
 
 
 def wrap_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.optim.Optimizer:
-    """Return ``optimizer``, made to step per bucket when ``model`` runs an ``overlap`` plan.
+    """Return ``optimizer``, made to step per bucket when ``model`` runs an ``overlap`` or ``osp`` plan.
 
     With a ``barrier`` plan, or torch's DDP, the optimizer is returned as it is,
     so one training script serves every mode.
 
     Raises:
-        UnsupportedOptimizerError: an overlap plan and an optimizer that needs
+        UnsupportedOptimizerError: an overlap or osp plan and an optimizer that needs
             every gradient at once (LBFGS), or that is not a ``torch.optim.Optimizer``.
 
     Example:

@@ -29,3 +29,21 @@ def test_a_bench_result_carries_its_commit_machine_and_arguments(tmp_path):
     result = json.loads(out.read_text())
     assert len(result["commit"]) >= 40 and result["machine"]["cpus"] >= 1
     assert result["arguments"]["seed"] == 3 and result["rows"][0]["graph"] == "transformer_like:2"
+
+
+def test_osp_accuracy_writes_each_tasks_figure_per_mode_and_overlap_equals_ddp(tmp_path):
+    out, png = tmp_path / "acc.json", tmp_path / "acc.png"
+    done = subprocess.run([sys.executable, str(BENCH / "osp_accuracy.py"), "--epochs", "1", "--text-steps", "4",
+                           "--eval-every", "2", "--text-mib", "0.25", "--json", str(out), "--png", str(png)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [(r["task"], r["mode"], r["metric"]) for r in rows] == [
+        (task, mode, metric) for task, metric in (("digits", "test_accuracy"), ("text", "val_loss"))
+        for mode in ("ddp", "overlap", "osp", "osp-no-lgp")]
+    by = {(r["task"], r["mode"]): r for r in rows}
+    for task in ("digits", "text"):
+        assert by[task, "overlap"]["params_sha256"] == by[task, "ddp"]["params_sha256"]  # exact synchronous SGD
+        assert by[task, "osp"]["stage2"] and by[task, "osp"]["params_sha256"] != by[task, "osp-no-lgp"]["params_sha256"]
+    assert 0.0 <= by["digits", "ddp"]["value"] <= 1.0 and by["text", "ddp"]["value"] > 0
+    assert len(by["text", "osp"]["curve"]) == 2 and png.stat().st_size > 0
