@@ -223,8 +223,10 @@ def _comm_events(timings: list[ChunkTiming], plan: Plan, step: int) -> list[Even
     for t in timings:
         k, j = t.chunk.bucket, t.chunk.chunk
         name = f"bucket{k}" + (f".chunk{j}" if plan.buckets[k].chunks > 1 else "")
-        events.append(Event(track="comm", name=name, start_s=t.start_s, end_s=t.end_s, step=step,
-                            category="allreduce", bucket=k))
+        stage2 = plan.buckets[k].stage == 2  # osp: read two steps on
+        events.append(Event(track="comm", name=name + (" (stage 2)" if stage2 else ""), start_s=t.start_s,
+                            end_s=t.end_s, step=step, category="allreduce-stage2" if stage2 else "allreduce",
+                            bucket=k))
     return events
 
 

@@ -57,6 +57,7 @@ def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str], *, name
 
 _COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "wait": "#DDDDDD"}
 _COMM_COLORS = ("#8172B3", "#C44E52")
+_STAGE2_COLOR = "#CCB974"  # osp: a collective the forward two steps on reads
 
 
 def steady_window(timeline: Timeline, length_s: float) -> list[Event]:
@@ -85,7 +86,7 @@ def _draw_gantt(ax: Any, timeline: Timeline, title: str, *, events: Sequence[Eve
         if e.track == "compute":
             color = _COLORS.get(e.category, "#999999")
         else:
-            color = _COMM_COLORS[(e.bucket or 0) % 2]
+            color = _STAGE2_COLOR if e.category == "allreduce-stage2" else _COMM_COLORS[(e.bucket or 0) % 2]
         ax.broken_barh([(e.start_s * scale, max(e.duration_s * scale, 1e-9))], (rows[e.track] - 0.4, 0.8),
                        facecolors=color, edgecolor="none")
     ax.set_yticks([1.0, 0.0], ["compute", "network"])
@@ -98,11 +99,13 @@ def _draw_gantt(ax: Any, timeline: Timeline, title: str, *, events: Sequence[Eve
     ax.set_title(f"{title}  —  {summary}" if title else summary, fontsize=10)
 
 
-def _legend(ax: Any) -> None:
+def _legend(ax: Any, *, stage2: bool = False) -> None:
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=k) for k, c in _COLORS.items()]
     handles.append(Patch(color=_COMM_COLORS[0], label="all-reduce (alternate buckets)"))
+    if stage2:
+        handles.append(Patch(color=_STAGE2_COLOR, label="all-reduce, stage 2 (read two steps on)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=5, fontsize=8, frameon=False)
 
 
@@ -113,7 +116,7 @@ def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str 
     plt = pyplot()  # says how to install matplotlib when it is missing
     fig, ax = plt.subplots(figsize=(14, 3.2))
     _draw_gantt(ax, timeline, title)
-    _legend(ax)
+    _legend(ax, stage2=_has_stage2(timeline))
     save_figure(fig, path)
 
 
@@ -127,5 +130,9 @@ def write_gantt_comparison(timelines: Sequence[tuple[str, Timeline]], path: str 
     length = 2 * max(t.iteration_s for _, t in timelines)  # two steady-state steps of the slowest
     for ax, (label, timeline) in zip(axes[:, 0], timelines):
         _draw_gantt(ax, timeline, label, events=steady_window(timeline, length), xmax_s=length)
-    _legend(axes[-1, 0])
+    _legend(axes[-1, 0], stage2=any(_has_stage2(t) for _, t in timelines))
     save_figure(fig, path)
+
+
+def _has_stage2(timeline: Timeline) -> bool:
+    return any(e.category == "allreduce-stage2" for e in timeline.events)

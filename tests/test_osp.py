@@ -119,3 +119,19 @@ def test_cli_plans_osp_and_refuses_a_bad_fraction(tmp_path, capsys):
     assert main(["plan", str(graph), "--solver", "caramel", "--mode", "osp", "--max-stale-fraction", "1.5",
                  "-o", str(tmp_path / "no.json")]) == 2
     assert "max_stale_fraction must be a number from 0 to 1" in capsys.readouterr().err
+
+
+def test_traces_and_gantt_charts_mark_the_stage_2_collectives(tmp_path):
+    from schedopt.trace import chrome_trace, write_gantt
+
+    problem = tied(world_size=8)
+    plan = get("caramel")(problem)
+    timeline = simulate(problem, plan)
+    stage2 = {k for k, b in enumerate(plan.buckets) if b.stage == 2}
+    assert stage2
+    comm = [e for e in chrome_trace(timeline)["traceEvents"] if e["ph"] == "X" and e["cat"].startswith("allreduce")]
+    marked = {e["args"]["bucket"] for e in comm if e.get("cat") == "allreduce-stage2"}
+    assert marked == stage2 and all(e["name"].endswith("(stage 2)") for e in comm if e.get("cat") == "allreduce-stage2")
+    assert {e["args"]["bucket"] for e in comm if e.get("cat") == "allreduce"} == set(range(len(plan.buckets))) - stage2
+    write_gantt(timeline, tmp_path / "osp.png", title="osp")
+    assert (tmp_path / "osp.png").stat().st_size > 0
