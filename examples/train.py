@@ -16,7 +16,7 @@ Each rank draws its own batches (before timing), shaped like the factory's examp
 Every rank times its steps from one step's start to the next (an overlap plan's
 communication ends in the next step's forward; one more step runs after the last measured
 one, so that each measured step is a steady-state one); a step's time is the slowest rank's
-(``--json`` writes them all, and in overlap mode how long rank 0's forward waited for the
+(``--json`` writes them all, and in overlap and osp modes how long rank 0's forward waited for the
 network in each step).
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
 """
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = [batch(example, generator, device) for _ in range(args.warmup + args.steps + 1)]
         marks: list[float] = []  # when each measured step began, and the step after the last
         waits: list[float] = []  # overlap mode: time the forward waited for the network, per step
+        settles: list[list] = []  # and each settle: bucket, where, what, waited (s)
         for step, x in enumerate(batches):
             if cuda:
                 torch.cuda.synchronize()
@@ -115,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
             deferred = getattr(ddp_model, "deferred", None)
             if deferred is not None and step >= args.warmup:
                 waits.append(sum(s.wait_s for s in deferred.settled))
+                settles.append([[s.bucket, s.where, s.what, round(s.wait_s, 6)] for s in deferred.settled])
             if rank == 0 and not args.quiet:
                 label = "warm-up" if step < args.warmup else "step"
                 print(f"{label} {step:3d}  loss {loss.item():.4f}", flush=True)
         getattr(ddp_model, "flush", lambda: None)()  # overlap mode: the last step's updates
+        channel = getattr(ddp_model, "_channel", None)  # gloo, overlap and osp: the link's use, rank 0
+        transfers = [[t.numel, t.queued_s, t.started_s, t.done_s] for t in channel.history] if channel else []
         # a step is the time from its start to the next one's: in overlap mode a step's
         # communication ends inside the next step's forward
         times = [b - a for a, b in zip(marks, marks[1:])]
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.json).write_text(json.dumps({
                     "kind": kind, "model": args.model, "plan": plan, "world_size": world,
                     "step_s": slowest, "rank_step_s": gathered, "median_s": median, "rank0_wait_s": waits,
+                    "rank0_settles": settles, "rank0_step_marks_s": marks, "rank0_transfers": transfers,
                 }, indent=1))
     except SchedoptError as exc:
         print(f"train.py: rank {rank}: {exc}", file=sys.stderr)

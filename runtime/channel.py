@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections import deque
 from typing import Any
 
 import torch.distributed as dist
@@ -30,13 +32,21 @@ __all__ = ["FifoChannel", "Transfer"]
 
 
 class Transfer:
-    """A collective queued on a :class:`FifoChannel`: ``is_completed()`` and ``wait()``, like a ``Work``."""
+    """A collective queued on a :class:`FifoChannel`: ``is_completed()`` and ``wait()``, like a ``Work``.
 
-    __slots__ = ("_done", "_error")
+    ``queued_s``, ``started_s`` and ``done_s`` are ``time.perf_counter()`` readings: when it was
+    queued, when the channel's thread began it and when it ended (None until then).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_done", "_error", "numel", "queued_s", "started_s", "done_s")
+
+    def __init__(self, numel: int = 0) -> None:
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.numel = numel
+        self.queued_s = time.perf_counter()
+        self.started_s: float | None = None
+        self.done_s: float | None = None
 
     def is_completed(self) -> bool:
         return self._done.is_set()
@@ -55,22 +65,27 @@ class FifoChannel:
         ranks = dist.get_process_group_ranks(process_group or dist.group.WORLD)
         self.group = dist.new_group(ranks=ranks, backend="gloo")
         self._queue: queue.SimpleQueue[tuple[Any, Transfer] | None] = queue.SimpleQueue()
+        #: the last 512 transfers, oldest first (their timestamps say how the link was used)
+        self.history: deque[Transfer] = deque(maxlen=512)
         self._thread = threading.Thread(target=self._run, name="schedopt-fifo-channel", daemon=True)
         self._thread.start()
 
     def all_reduce(self, tensor: Any) -> Transfer:
         """Queue an in-place sum of ``tensor`` across the ranks; returns at once."""
-        transfer = Transfer()
+        transfer = Transfer(tensor.numel())
+        self.history.append(transfer)
         self._queue.put((tensor, transfer))
         return transfer
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             tensor, transfer = item
+            transfer.started_s = time.perf_counter()
             try:
                 dist.all_reduce(tensor, group=self.group)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 transfer._error = exc
+            transfer.done_s = time.perf_counter()
             transfer._done.set()
 
     def close(self) -> None:
