@@ -16,8 +16,9 @@ with their averaged gradients) at the first of:
 3. the end of the wrapped forward, for buckets whose modules did not run
    (said once in a warning: a parameter read by another module than its own
    was read before its update);
-4. :meth:`DeferredUpdates.flush`: ``state_dict()`` of the model or of the
-   optimizer, ``train()``/``eval()``, and ``flush()`` itself.
+4. :meth:`DeferredUpdates.flush`: ``state_dict()`` and ``load_state_dict()``
+   of the model or of the optimizer, ``train()``/``eval()``, and ``flush()``
+   itself (a step left pending across a load would move the loaded weights).
 
 On CPU (gloo) the wait blocks the host until the bytes are in; on CUDA
 ``work.wait()`` makes the current stream wait on the collective's end event

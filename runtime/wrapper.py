@@ -143,6 +143,8 @@ class ScheduledDataParallel(nn.Module):
             if self._buffers_to_sync and self.world_size > 1:
                 self._buffer_broadcast = BufferBroadcast(self._buffers_to_sync, process_group)
             module.register_state_dict_pre_hook(lambda *_: self.flush())
+            # a pending update applied after a load would move the loaded weights: apply it first
+            module.register_load_state_dict_pre_hook(lambda *_: self.flush())
             _flush_at_exit(self)
         self._scale = 1.0 / self.world_size
         self._cuda = any(p.is_cuda for p in self._params.values())

@@ -507,3 +507,28 @@ def osp_reference(name: str, stale: set[str], steps: int, lr: float, *, lgp: boo
     for n, average in late.items():
         committed[n].add_(average, alpha=-lr)
     return committed
+
+
+def load_mid_training(rank: int, world: int, name: str, plan) -> dict[str, Any]:
+    """Train 3 steps, checkpoint, train 2 more (updates pending), load the checkpoint: what the model holds."""
+    from schedopt.runtime import wrap, wrap_optimizer
+
+    model, example, loss_fn = build(name)
+    ours = wrap(model, plan)
+    opt = wrap_optimizer(torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9), ours)
+
+    def step(k: int) -> None:
+        x = batch(example, seed=1000 * k + rank)
+        opt.zero_grad()
+        loss_fn(ours(*x), *x).backward()
+        opt.step()
+
+    for k in range(3):
+        step(k)
+    checkpoint = copy.deepcopy(model.state_dict())
+    for k in range(3, 5):
+        step(k)
+    pending_before_load = ours.deferred.pending
+    model.load_state_dict(checkpoint)
+    return {"pending_before_load": pending_before_load, "pending_after_load": ours.deferred.pending,
+            "equal": all(torch.equal(v, checkpoint[k]) for k, v in model.state_dict().items())}

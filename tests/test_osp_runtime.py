@@ -87,3 +87,11 @@ def test_ranks_whose_plans_differ_only_in_a_stage_fail_alike():
                                         for b in plan.buckets))
     for result in run_ranks(workers.wrap_and_time, 2, "tied_frozen_norm", [plan, other]):
         assert result["error"] == "PlanMismatchError" and result["wall_s"] < 10
+
+
+@pytest.mark.parametrize("mode", ["overlap", "osp"])
+def test_loading_a_checkpoint_mid_training_applies_what_is_pending_first(mode):
+    plan = osp_plan("tied_frozen_norm", TIED) if mode == "osp" else overlap_plan("tied_frozen_norm")
+    for r in run_ranks(workers.load_mid_training, 2, "tied_frozen_norm", plan, timeout_s=120):
+        assert r["pending_before_load"] and not r["pending_after_load"]
+        assert r["equal"]  # no pending step or commit moved the loaded weights
