@@ -12,9 +12,9 @@ What it does (as root; everything it creates is removed however it exits):
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
    profiling at once (as they compute at once when training).
 4. ``schedopt compare --execution eager`` with every solver for the
-   calibrated cluster (with ``--plan-margin m``: its bandwidth divided by
-   1 + m, so that the plans keep slack for jitter; the predictions use the
-   calibrated link), in barrier mode and in each of ``overlap`` and ``osp``
+   calibrated cluster (for a mode named with ``-slack``, e.g.
+   ``overlap-slack``: its bandwidth divided by 1 + ``--plan-margin``, so that
+   the plans keep slack for jitter; every prediction uses the calibrated link), in barrier mode and in each of ``overlap`` and ``osp``
    that ``--modes`` names: the plans and their predictions.
 5. For each of ``--rounds`` rounds, each mode once, in alternating order
    (``ddp``: torch DDP; ``barrier``, ``overlap`` and ``osp``: that mode's best
@@ -58,6 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
 MODES = ("ddp", "barrier", "overlap", "osp")
+#: A mode with this suffix is planned on a link ``--plan-margin`` slower than calibrated (slack for jitter).
+SLACK = "-slack"
 
 
 class TestbedError(Exception):
@@ -204,9 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="ddp,barrier,overlap", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--max-stale-fraction", type=float, default=0.5, help="osp plans' bound (default 0.5)")
-    parser.add_argument("--plan-margin", type=float, default=0.0,
-                        help="plan for a link this much slower than calibrated, e.g. 0.2 (slack for jitter); "
-                             "predictions stay on the calibrated link")
+    parser.add_argument("--plan-margin", type=float, default=0.2,
+                        help=f"the {SLACK} modes plan for a link this much slower than calibrated (default 0.2: "
+                             "slack for jitter); predictions stay on the calibrated link")
     parser.add_argument("--solve-time", type=float, default=30.0, help="cpsat's time limit in seconds")
     parser.add_argument("--time-limit", type=float, default=1800.0, help="the whole bench, in seconds")
     parser.add_argument("--seed", type=int, default=0, help="cpsat's seed and the training's (model and data)")
@@ -218,9 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     PIN = args.pin
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - set(MODES))
+    unknown = sorted(set(modes) - set(MODES) - {m + SLACK for m in MODES[1:]})
     if unknown or "ddp" not in modes:
-        print(f"testbed: --modes takes ddp and any of {', '.join(MODES[1:])}, got {args.modes!r}", file=sys.stderr)
+        print(f"testbed: --modes takes ddp and any of {', '.join(MODES[1:])} (each also with {SLACK}), "
+              f"got {args.modes!r}", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("testbed: needs root (it creates network namespaces and tc qdiscs); run it with sudo", file=sys.stderr)
@@ -273,20 +276,18 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     graph_file = work / "graph.json"
     profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
     graph = TrainGraph.load(graph_file)
-    # 4. plan with every solver, in each mode measured (with --plan-margin: on a link that much slower)
-    plan_cluster = cluster_file
-    if args.plan_margin:
-        plan_cluster = work / "cluster.plan.json"
-        replace(cluster, name=f"{cluster.name}, planned {args.plan_margin:.0%} slower",
-                bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(plan_cluster)
+    # 4. plan with every solver, in each mode measured (a -slack mode: on a link --plan-margin slower)
+    slowed = work / "cluster.slowed.json"
+    replace(cluster, name=f"{cluster.name}, {args.plan_margin:.0%} slower",
+            bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(slowed)
     plan_of: dict[str, Path] = {}
-    for mode in MODES[1:]:
-        if mode != "barrier" and mode not in modes:
-            continue
+    for mode in ["barrier", *(m for m in modes if m not in ("ddp", "barrier"))]:
+        base = mode.removesuffix(SLACK)
         plans_dir = work / f"plans-{mode}"
-        stale = ["--max-stale-fraction", str(args.max_stale_fraction)] if mode == "osp" else []
+        stale = ["--max-stale-fraction", str(args.max_stale_fraction)] if base == "osp" else []
+        plan_cluster = slowed if mode.endswith(SLACK) else cluster_file
         rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(plan_cluster), "--solvers", "all",
-                                 "--mode", mode, "--execution", "eager", "--time-limit", f"{args.solve_time}s",
+                                 "--mode", base, "--execution", "eager", "--time-limit", f"{args.solve_time}s",
                                  "--seed", str(args.seed), *stale,
                                  "--format", "json", "--out", str(plans_dir),
                                  timeout_s=min(args.solve_time * 3 + 120, left()))
