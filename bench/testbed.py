@@ -312,7 +312,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             measured = json.loads(out.read_text())
             steps[mode].append(measured["step_s"])
             waits[mode] += measured.get("rank0_wait_s", [])
-            print(f"  round {round_} {mode:8s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
+            print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
     # 6. rows
     bound = lower_bound(Problem(graph=graph, cluster=cluster, mode="overlap"))  # max(compute, comm)
     rows = []
@@ -343,11 +343,11 @@ def _steady_waits(timeline) -> float:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'mode':8s} {'solver':14s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'predicted':>10s} " \
+    head = f"{'mode':13s} {'solver':14s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'predicted':>10s} " \
            f"{'error':>7s} {'compute':>8s} {'comm':>8s} {'bound':>8s} {'speedup':>8s}"
     print(head)
     for r in rows:
-        print(f"{r['mode']:8s} {r['solver']:14s} {r['measured_median_s'] * 1e3:10.1f} {r['measured_min_s'] * 1e3:8.1f} "
+        print(f"{r['mode']:13s} {r['solver']:14s} {r['measured_median_s'] * 1e3:10.1f} {r['measured_min_s'] * 1e3:8.1f} "
               f"{r['measured_max_s'] * 1e3:8.1f} {r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
               f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
               f"{r['speedup_vs_ddp']:8.3f}")
