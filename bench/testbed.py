@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> list[dict]:
     from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
+    from schedopt.problem import DEFERRED_MODES
 
     def left() -> float:
         if (rest := deadline - time.monotonic()) <= 0:
@@ -278,8 +279,9 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     graph = TrainGraph.load(graph_file)
     # 4. plan with every solver, in each mode measured (a -slack mode: on a link --plan-margin slower)
     slowed = work / "cluster.slowed.json"
-    replace(cluster, name=f"{cluster.name}, {args.plan_margin:.0%} slower",
-            bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(slowed)
+    if any(m.endswith(SLACK) for m in modes):
+        replace(cluster, name=f"{cluster.name}, {args.plan_margin:.0%} slower",
+                bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(slowed)
     plan_of: dict[str, Path] = {}
     for mode in ["barrier", *(m for m in modes if m not in ("ddp", "barrier"))]:
         base = mode.removesuffix(SLACK)
@@ -328,7 +330,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "predicted_s": timeline.iteration_s, "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
-            "predicted_wait_s": _steady_waits(timeline) if plan.mode in ("overlap", "osp") else None,
+            "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
             "speedup_vs_ddp": statistics.median(ratios),
             "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 label = "warm-up" if step < args.warmup else "step"
                 print(f"{label} {step:3d}  loss {loss.item():.4f}", flush=True)
         getattr(ddp_model, "flush", lambda: None)()  # overlap mode: the last step's updates
-        channel = getattr(ddp_model, "_channel", None)  # gloo, overlap and osp: the link's use, rank 0
+        channel = getattr(ddp_model, "channel", None)  # gloo, overlap and osp: the link's use, rank 0
         transfers = [[t.numel, t.queued_s, t.started_s, t.done_s] for t in channel.history] if channel else []
         # a step is the time from its start to the next one's: in overlap mode a step's
         # communication ends inside the next step's forward

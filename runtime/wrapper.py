@@ -42,6 +42,7 @@ from torch import nn
 
 from schedopt.errors import InvalidPlanError, UnusedParameterError
 from schedopt.plan import Plan
+from schedopt.problem import DEFERRED_MODES
 
 from .agreement import check_agreement
 from .broadcast import BufferBroadcast, broadcast_states
@@ -135,11 +136,12 @@ class ScheduledDataParallel(nn.Module):
         #: overlap and osp modes' in-flight collectives and pending steps (None in barrier mode)
         self.deferred: DeferredUpdates | None = None
         self._buffer_broadcast: BufferBroadcast | None = None
-        self._channel: FifoChannel | None = None
-        if plan.mode in ("overlap", "osp"):
+        #: gloo in overlap and osp modes: the channel the gradient collectives take, one at a time
+        self.channel: FifoChannel | None = None
+        if plan.mode in DEFERRED_MODES:
             self.deferred = DeferredUpdates(module, self._params, self.layout, lgp=lgp)
             if dist.get_backend(process_group) == "gloo" and self.world_size > 1:
-                self._channel = FifoChannel(process_group)  # gloo runs collectives side by side
+                self.channel = FifoChannel(process_group)  # gloo runs collectives side by side
             if self._buffers_to_sync and self.world_size > 1:
                 self._buffer_broadcast = BufferBroadcast(self._buffers_to_sync, process_group)
             module.register_state_dict_pre_hook(lambda *_: self.flush())
@@ -259,8 +261,8 @@ class ScheduledDataParallel(nn.Module):
                 stream = torch.cuda.current_stream()
                 for name in collectives[c].params:
                     stream.wait_event(self._events[name])
-            if self._channel is not None:
-                work = self._channel.all_reduce(self.layout.slice(c))
+            if self.channel is not None:
+                work = self.channel.all_reduce(self.layout.slice(c))
             else:
                 work = dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True)
             if self.deferred is None:

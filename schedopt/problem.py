@@ -28,10 +28,12 @@ from .cluster import Cluster
 from .errors import SchedoptError
 from .graph import TrainGraph
 
-__all__ = ["Problem", "MODES", "Mode", "EXECUTIONS", "Execution", "DEFAULT_MAX_STALE_FRACTION"]
+__all__ = ["Problem", "MODES", "Mode", "DEFERRED_MODES", "EXECUTIONS", "Execution", "DEFAULT_MAX_STALE_FRACTION"]
 
 Mode = Literal["barrier", "overlap", "osp"]
 MODES: tuple[str, ...] = ("barrier", "overlap", "osp")
+#: The modes whose updates wait for the next forward's reads, not for the end of backward.
+DEFERRED_MODES: tuple[str, ...] = ("overlap", "osp")
 #: ``osp`` mode: the share of parameter bytes a plan may leave stale for a step, by default.
 DEFAULT_MAX_STALE_FRACTION = 0.5
 Execution = Literal["eager", "compiled"]
@@ -64,7 +66,7 @@ class Problem:
     @property
     def deferred(self) -> bool:
         """True when updates wait for the next forward's reads (``overlap`` and ``osp``)."""
-        return self.mode in ("overlap", "osp")
+        return self.mode in DEFERRED_MODES
 
     @property
     def reorders(self) -> bool:
