@@ -42,12 +42,11 @@ local gradient).
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
-from .records import Settled, StepRequest
+from .records import Settled, StepRequest, wait_all
 from .stale import StaleBucket
 
 if TYPE_CHECKING:
@@ -97,12 +96,8 @@ class _Bucket:
 
     def _settle(self, where: str) -> Settled:
         """Wait for the collectives, then apply the requested steps with the averaged gradients."""
-        started = time.perf_counter()
-        waited = any(not w.is_completed() for w in self.works)
-        for work in self.works:
-            work.wait()
+        waited, wait_s = wait_all(self.works)
         self.works = []
-        wait_s = time.perf_counter() - started
         requests, self.requests = self.requests, []
         if requests:
             grads = [(p, None if name in self.unused else self.layout.views[name]) for name, p in self.members]

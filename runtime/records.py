@@ -1,14 +1,15 @@
-"""What the deferred updates record: a requested optimizer step, and one settle of a bucket."""
+"""What the deferred updates record: a requested optimizer step, one settle of a bucket, and its wait."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from .optimizer import OptimizerDriver
 
-__all__ = ["StepRequest", "Settled"]
+__all__ = ["StepRequest", "Settled", "wait_all"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +30,12 @@ class Settled:
     steps: int  # optimizer steps applied
     wait_s: float  # host time spent waiting for the collectives (on CUDA: enqueueing the wait)
     what: str = "step"  # "step" (stage 1); osp's stage 2: "commit" or "lgp" (:mod:`~schedopt.runtime.stale`)
+
+
+def wait_all(works: Sequence[Any]) -> tuple[bool, float]:
+    """Wait for ``works``; return whether any was still running and the host time the waits took."""
+    started = time.perf_counter()
+    waited = any(not w.is_completed() for w in works)
+    for work in works:
+        work.wait()
+    return waited, time.perf_counter() - started

@@ -39,7 +39,6 @@ the correction uses the user's own optimizer with its state, not plain SGD.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .records import Settled, StepRequest
+from .records import Settled, StepRequest, wait_all
 
 if TYPE_CHECKING:
     from .buckets import BucketLayout
@@ -120,16 +119,18 @@ class StaleBucket:
     def before_read(self, where: str) -> list[Settled]:
         """A forward is about to read the bucket: commit all but the newest step, correct by the newest."""
         done = [self._commit(self._flight[0], where) for _ in range(len(self._flight) - 1)]
-        newest = self._flight[-1] if self._flight else None
-        if newest is not None and newest.requests and not newest.corrected and self.lgp:
-            done.append(self._correct(newest, where))
+        if self._correction_due():
+            done.append(self._correct(self._flight[-1], where))
         return done
 
     def due(self) -> bool:
         """Whether a read now would change the parameters."""
+        return len(self._flight) > 1 or self._correction_due()
+
+    def _correction_due(self) -> bool:
+        """The newest step in flight has been stepped and not yet corrected for (with LGP on)."""
         newest = self._flight[-1] if self._flight else None
-        return len(self._flight) > 1 or (newest is not None and newest.requests and not newest.corrected
-                                         and self.lgp)
+        return self.lgp and newest is not None and bool(newest.requests) and not newest.corrected
 
     def before_write(self) -> list[Settled]:
         """The backward is about to write into the current buffer: commit the step that still reads it."""
@@ -146,11 +147,7 @@ class StaleBucket:
 
     def _commit(self, gen: _Generation, where: str) -> Settled:
         assert gen is self._flight[0]
-        started = time.perf_counter()
-        waited = any(not w.is_completed() for w in gen.works)
-        for work in gen.works:
-            work.wait()
-        wait_s = time.perf_counter() - started
+        waited, wait_s = wait_all(gen.works)
         self._flight.popleft()
         if gen.requests:
             if gen.corrected:
