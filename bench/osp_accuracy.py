@@ -33,6 +33,7 @@ FILE`` writes a list of objects with ``task``, ``mode``, ``metric``, ``value``
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -55,7 +56,9 @@ TASKS = ("digits", "text")
 METRIC = {"digits": "test_accuracy", "text": "val_loss"}
 
 
+@functools.cache
 def _models():
+    """``examples/models.py`` as a module (imported once per process)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("schedopt_example_models", ROOT / "examples" / "models.py")
@@ -95,10 +98,13 @@ def digits_task(args) -> Task:
     per_rank = args.batch_size
     steps_per_epoch = len(y_train) // (2 * per_rank)
 
+    @functools.lru_cache(maxsize=1)
+    def order(epoch: int):  # the same shuffle on every rank, drawn once per epoch
+        return torch.randperm(len(y_train), generator=torch.Generator().manual_seed(args.seed + epoch))
+
     def batches(rank: int, world: int, step: int) -> tuple:
         epoch, i = divmod(step, steps_per_epoch)
-        order = torch.randperm(len(y_train), generator=torch.Generator().manual_seed(args.seed + epoch))
-        mine = order[rank::world][i * per_rank:(i + 1) * per_rank]
+        mine = order(epoch)[rank::world][i * per_rank:(i + 1) * per_rank]
         return (x_train[mine],), y_train[mine]
 
     def evaluate(model) -> float:
@@ -143,7 +149,7 @@ def text_task(args) -> Task:
     def build():
         return _models().gpt_tied(per_rank, seq)
 
-    loss_fn = build()[2]
+    loss_fn = _models().next_token_loss
 
     def evaluate(model) -> float:
         with torch.no_grad():

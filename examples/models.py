@@ -430,11 +430,13 @@ class GPT(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
-def _language_model(model: nn.Module, idx: torch.Tensor, vocab: int):
-    def loss_fn(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each position's logits against the next token."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
 
-    return model, (idx,), loss_fn
+
+def _language_model(model: nn.Module, idx: torch.Tensor, vocab: int):
+    return model, (idx,), next_token_loss
 
 
 def gpt2_small(batch_size: int = 8, seq_len: int = 1024):

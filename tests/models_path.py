@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -16,10 +17,12 @@ def _load(path: Path, name: str):
     return module
 
 
+@functools.cache
 def example_models():
     return _load(MODELS_FILE, "schedopt_example_models")
 
 
+@functools.cache
 def example_train():
     """``examples/train.py`` as a module (its ``batch`` draws the synthetic inputs)."""
     return _load(TRAIN_FILE, "schedopt_example_train")

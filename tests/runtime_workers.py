@@ -65,10 +65,6 @@ class TiedFrozenNorm(nn.Module):
         return self.head(h)
 
 
-def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-
-
 def build(name: str) -> tuple[nn.Module, tuple, Any]:
     """Return ``(model, example_inputs, loss_fn)`` seeded alike on every rank."""
     torch.manual_seed(0)
@@ -76,7 +72,7 @@ def build(name: str) -> tuple[nn.Module, tuple, Any]:
         return FrozenStem(), (torch.randn(4, 3, 8, 8),), _mse
     if name in ("tied_frozen_norm", "tied_wide"):
         model = TiedFrozenNorm(wide=16384 if name == "tied_wide" else 512)
-        return model, (torch.arange(48).reshape(4, 12),), _next_token_loss
+        return model, (torch.arange(48).reshape(4, 12),), example_models().next_token_loss
     if name in ("with_unused", "with_unused_planned"):
         model = WithUnused()
         model.use_extra = name == "with_unused_planned"  # planned with every parameter in use
