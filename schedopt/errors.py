@@ -11,6 +11,7 @@ __all__ = [
     "PlanMismatchError",
     "SolverError",
     "UnusedParameterError",
+    "CompileError",
     "UnsupportedOptimizerError",
     "no_trainable_parameters",
 ]
@@ -46,6 +47,11 @@ class SolverError(SchedoptError):
 
 class UnusedParameterError(SchedoptError, RuntimeError):
     """A trainable parameter got no gradient in a synchronized step (the runtime cannot send it)."""
+
+
+class CompileError(SchedoptError):
+    """``torch.compile`` gave graphs the compiled runtime cannot apply a plan to (a graph break, an op
+    the plan does not have)."""
 
 
 class UnsupportedOptimizerError(SchedoptError, TypeError):

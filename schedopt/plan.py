@@ -15,6 +15,11 @@ Schema history: ``schedopt.plan/1`` had no ``execution``; its orders were
 chosen freely, so such a plan loads as ``compiled`` (``Plan.schema`` keeps
 what was read). ``schedopt.plan/2`` adds ``execution``.
 
+``ops`` (optional, written since the compiled runtime) gives each op of the
+order its kind, phase and the gradients it finishes, so the compiled runtime
+can find the plan's ops in the graphs ``torch.compile`` traces without the
+training graph file (:mod:`schedopt.runtime.compiled`). Older readers ignore it.
+
 Loading a plan never executes code: it is JSON only.
 """
 
@@ -35,6 +40,7 @@ from .problem import EXECUTIONS, MODES, Problem
 __all__ = [
     "PLAN_SCHEMA",
     "Bucket",
+    "PlanOp",
     "ModelRef",
     "SolverInfo",
     "Prediction",
@@ -67,6 +73,18 @@ class Bucket:
 
     def to_json(self) -> dict[str, Any]:
         return {"params": list(self.params), "chunks": self.chunks, "stage": self.stage}
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOp:
+    """What the compiled runtime needs to know of one op: its kind, phase and the gradients it finishes."""
+
+    kind: str
+    phase: str
+    grads: tuple[str, ...] = ()
+
+    def to_json(self) -> list[Any]:
+        return [self.kind, self.phase, list(self.grads)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,6 +162,8 @@ class Plan:
     solver: SolverInfo
     predicted: Prediction | None = None
     execution: str = "eager"
+    #: per op id of ``order``: kind, phase, gradients (None in plans written before it was recorded)
+    ops: Mapping[str, PlanOp] | None = None
     schema: str = PLAN_SCHEMA  # the schema it was read from; always written as PLAN_SCHEMA
 
     def __post_init__(self) -> None:
@@ -168,6 +188,8 @@ class Plan:
             order=tuple(order),
             buckets=tuple(b if isinstance(b, Bucket) else Bucket(params=tuple(b)) for b in buckets),
             solver=solver,
+            ops={op.id: PlanOp(kind=op.kind, phase=op.phase, grads=tuple(op.grads))
+                 for op in problem.graph.ops.values()},
         )
 
     # ------------------------------------------------------------------ JSON
@@ -200,6 +222,8 @@ class Plan:
             },
             "predicted": None,
         }
+        if self.ops is not None:
+            data["ops"] = {op_id: op.to_json() for op_id, op in self.ops.items()}
         if self.predicted is not None:
             p = self.predicted
             data["predicted"] = {
@@ -243,6 +267,14 @@ class Plan:
         if root.get("predicted", None) is not None:
             p = root.object("predicted")
             predicted = Prediction(**{k: p.number(k) for k in Prediction.__dataclass_fields__})
+        ops = None
+        if root.get("ops", None) is not None:
+            ops = {}
+            for op_id, entry in root.mapping("ops").items():
+                if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, str) for x in entry[:2])
+                        and isinstance(entry[2], list) and all(isinstance(g, str) for g in entry[2])):
+                    raise root.fail(f"ops.{op_id}", "[kind, phase, [gradient, ...]]", entry)
+                ops[op_id] = PlanOp(kind=entry[0], phase=entry[1], grads=tuple(entry[2]))
         return cls(
             model=ModelRef(name=model.string("name"), fingerprint=model.string("fingerprint"),
                            params_fingerprint=model.string("params_fingerprint"),
@@ -261,6 +293,7 @@ class Plan:
                 bound_s=solver.number("bound_s", None, optional=True),
                 options=solver.mapping("options", None), stats=solver.mapping("stats", None)),
             predicted=predicted,
+            ops=ops,
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:

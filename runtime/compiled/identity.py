@@ -1,0 +1,191 @@
+"""Which node of a graph ``torch.compile`` traced is which op of the plan.
+
+The plan's ops come from the aten-level importer
+(:func:`schedopt.importers.pytorch.trace_train_step`), which traces one whole
+step — forward, loss and ``autograd.grad`` — with ``make_fx``. AOTAutograd
+traces the compiled module's forward and backward the same way, through the
+same autograd engine, but
+
+- without the loss when the loss is computed outside the compiled module
+  (the usual ``loss_fn(model(x), y)``): the importer's last forward ops and
+  first backward ops have no node;
+- functionalized: in-place ops are out-of-place (``add_`` -> ``add``) and
+  BatchNorm is ``_native_batch_norm_legit_functional``;
+- with views and ``detach`` as nodes, which the importer folds into the op
+  that made their data (they launch no kernel);
+- with one ``convolution_backward`` where the importer has two ops
+  (``.grad_input`` and ``.grad_weight``, so a schedule can move the weight
+  gradient): :func:`split_conv_backward` makes it two calls first;
+- with node names from its own counters.
+
+So identity goes by kind and occurrence, per phase (:func:`match`): the i-th
+forward node of a kind is the plan's i-th forward op of that kind, counted
+from the start (the missing loss ops are the last); in backward the count
+runs from the end (the missing loss-backward ops are the first). Kinds are
+compared after :func:`canonical_kind` undoes functionalization. A graph with
+more nodes of a kind than the plan has ops of it raises
+:class:`~schedopt.errors.CompileError` naming the kind; the backend then
+checks that every parameter's gradient comes out of the node matched to the
+op the plan says finishes it (:func:`check_gradients`), which catches a
+pairing that counts alone would get wrong.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import defaultdict
+from typing import Iterable, Mapping
+
+import torch
+from torch import fx
+
+from schedopt.errors import CompileError
+from schedopt.plan import Plan
+
+__all__ = ["KIND", "canonical_kind", "node_kind", "split_conv_backward", "match", "compute_source",
+           "check_gradients", "outside"]
+
+#: ``node.meta`` key of the kind a rewrite gave a node (the halves of a split ``convolution_backward``)
+KIND = "schedopt_kind"
+
+_SAME_KIND = {  # functional or specialized spellings of one op
+    "aten._native_batch_norm_legit_functional": "aten.native_batch_norm",
+    "aten._native_batch_norm_legit": "aten.native_batch_norm",
+    "aten._native_batch_norm_legit_no_training": "aten.native_batch_norm",
+}
+_ALIASES = {"aten.detach", "aten._unsafe_view", "aten.alias", "aten.lift_fresh"}
+
+
+def canonical_kind(kind: str) -> str:
+    """Return ``kind`` as both traces spell it: in-place ops as their out-of-place form, BatchNorm as one.
+
+    Example:
+        >>> canonical_kind("aten.add_"), canonical_kind("aten._native_batch_norm_legit_functional")
+        ('aten.add', 'aten.native_batch_norm')
+    """
+    kind = _SAME_KIND.get(kind, kind)
+    namespace, _, rest = kind.partition(".")
+    name, dot, part = rest.partition(".")
+    if name.endswith("_") and not name.endswith("__"):
+        name = name[:-1]
+    return f"{namespace}.{name}{dot}{part}"
+
+
+def node_kind(node: fx.Node) -> str | None:
+    """Return the op kind of ``node`` as the importer names it, or None for a node that launches no kernel."""
+    if node.op != "call_function":
+        return None
+    if KIND in node.meta:
+        return node.meta[KIND]
+    if node.target is operator.getitem:
+        return None
+    packet = getattr(node.target, "overloadpacket", None)
+    if packet is None:
+        return str(getattr(node.target, "__name__", node.target))
+    if getattr(node.target, "is_view", False) or str(packet) in _ALIASES:
+        return None
+    return str(packet)
+
+
+def compute_source(node: fx.Node) -> fx.Node:
+    """Follow views and ``getitem`` back to the node that computed ``node``'s data."""
+    while node_kind(node) is None and node.op == "call_function" and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def split_conv_backward(graph: fx.Graph) -> None:
+    """Make each ``convolution_backward`` that computes both its input's and its weight's gradient two calls.
+
+    The first call computes the input gradient (output mask ``[True, False, False]``), the second the
+    weight and bias gradients, as the importer's ``.grad_input`` and ``.grad_weight`` ops; each is the
+    same kernel the joint call runs for its part.
+    """
+    conv_backward = torch.ops.aten.convolution_backward.default
+    for node in list(graph.nodes):
+        if node.target is not conv_backward:
+            continue
+        mask = list(node.args[10])
+        if mask[0] and (mask[1] or mask[2]):
+            val = node.meta.get("val")
+            with graph.inserting_before(node):
+                parts = {
+                    0: graph.call_function(conv_backward, (*node.args[:10], [True, False, False])),
+                    1: graph.call_function(conv_backward, (*node.args[:10], [False, mask[1], mask[2]])),
+                }
+            parts[0].meta[KIND] = "aten.convolution_backward.grad_input"
+            parts[1].meta[KIND] = "aten.convolution_backward.grad_weight"
+            if val is not None:
+                parts[0].meta["val"] = (val[0], None, None)
+                parts[1].meta["val"] = (None, val[1], val[2])
+            for user in list(node.users):
+                if user.target is not operator.getitem:
+                    raise CompileError(f"{node.name} is read other than by index ({user.name}); cannot split it")
+                user.replace_input_with(node, parts[0] if user.args[1] == 0 else parts[1])
+            graph.erase_node(node)
+        else:
+            node.meta[KIND] = ("aten.convolution_backward.grad_input" if mask[0]
+                               else "aten.convolution_backward.grad_weight")
+
+
+def match(graph: fx.Graph, plan: Plan, phase: str) -> dict[fx.Node, str]:
+    """Return the plan op id of every kernel-launching node of ``graph``, the ``phase`` half of a step.
+
+    Steps:
+        1. The plan's ``phase`` ops in the order the importer traced them, and the graph's nodes in
+           graph order, grouped by canonical kind.
+        2. Per kind, pair them by occurrence: from the start in forward, from the end in backward.
+
+    Raises:
+        CompileError: the graph has more nodes of a kind than the plan has ops of it (the plan was
+            made from another model or another trace of it).
+    """
+    assert plan.ops is not None, "the backend checks that the plan records its ops"
+    planned: dict[str, list[str]] = defaultdict(list)
+    for op_id, op in plan.ops.items():
+        if op.phase == phase:
+            planned[canonical_kind(op.kind)].append(op_id)
+    found: dict[str, list[fx.Node]] = defaultdict(list)
+    for node in graph.nodes:
+        kind = node_kind(node)
+        if kind is not None:
+            found[canonical_kind(kind)].append(node)
+    matched: dict[fx.Node, str] = {}
+    for kind, nodes in found.items():
+        ops = planned.get(kind, [])
+        if len(nodes) > len(ops):
+            names = ", ".join(n.name for n in nodes[:3])
+            raise CompileError(
+                f"the compiled {phase} graph has {len(nodes)} {kind} op(s) ({names}{', ...' if len(nodes) > 3 else ''}) "
+                f"where the plan's {phase} has {len(ops)}: the plan was made from another model or another "
+                "trace of it (plan again from this model at aten level)"
+            )
+        ops = ops[:len(nodes)] if phase == "forward" else ops[len(ops) - len(nodes):]
+        matched.update(zip(nodes, ops))
+    return matched
+
+
+def check_gradients(grads: Mapping[str, fx.Node], matched: Mapping[fx.Node, str], plan: Plan) -> None:
+    """Check that each parameter's gradient comes out of the node matched to the op the plan says finishes it.
+
+    Raises:
+        CompileError: naming the first parameter whose gradient comes from elsewhere.
+    """
+    assert plan.ops is not None
+    finisher = {name: op_id for op_id, op in plan.ops.items() for name in op.grads}
+    for name, node in grads.items():
+        source = compute_source(node)
+        op_id = matched.get(source)
+        if finisher.get(name) != op_id:
+            raise CompileError(
+                f"the compiled backward computes the gradient of {name} in {source.name}, which matches plan op "
+                f"{op_id!r}, but the plan finishes it in {finisher.get(name)!r}: the plan was made from another "
+                "trace of this model (plan again from this model at aten level)"
+            )
+
+
+def outside(plan: Plan, matched: Iterable[str], phase: str) -> list[str]:
+    """Return the plan's ``phase`` ops that no compiled node matched (the loss, allocations), in plan order."""
+    assert plan.ops is not None
+    seen = set(matched)
+    return [op_id for op_id in plan.order if plan.ops[op_id].phase == phase and op_id not in seen]
