@@ -15,13 +15,19 @@ What it does (as root; everything it creates is removed however it exits):
    calibrated cluster (for a mode named with ``-slack``, e.g.
    ``overlap-slack``: its bandwidth divided by 1 + ``--plan-margin``, so that
    the plans keep slack for jitter; every prediction uses the calibrated link), in barrier mode and in each of ``overlap`` and ``osp``
-   that ``--modes`` names: the plans and their predictions.
+   that ``--modes`` names, and with ``--execution compiled`` for ``compiled``:
+   the plans and their predictions.
 5. For each of ``--rounds`` rounds, each mode once, in alternating order
    (``ddp``: torch DDP; ``barrier``, ``overlap`` and ``osp``: that mode's best
-   predicted plan, by ``SCHEDOPT_PLAN``), each run ``--steps`` measured steps
+   predicted plan, by ``SCHEDOPT_PLAN``; ``compiled-ddp``: ``torch.compile``
+   of the DDP model, backend ``aot_eager``; ``barrier-compiled``: the
+   ``barrier`` plan in schedopt's compiled runtime; ``compiled``: the best
+   ``--execution compiled`` barrier plan (free op order) in the compiled
+   runtime), each run ``--steps`` measured steps
    after warm-up (``examples/train.py``, start to start). A step's time is the
    slower rank's. Medians over every measured step, and the median over
-   rounds of DDP's round median over the mode's (the speedup).
+   rounds of DDP's round median over the mode's (the speedup; ``speedup_vs``:
+   the same against every other mode).
 
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
@@ -57,7 +63,9 @@ from provenance import begin, write_result  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
-MODES = ("ddp", "barrier", "overlap", "osp")
+MODES = ("ddp", "barrier", "overlap", "osp", "compiled-ddp", "barrier-compiled", "compiled")
+#: Modes that run another mode's plan inside torch.compile (``examples/train.py --compile``).
+COMPILED_RUNS = {"compiled-ddp": "ddp", "barrier-compiled": "barrier"}
 #: A mode with this suffix is planned on a link ``--plan-margin`` slower than calibrated (slack for jitter).
 SLACK = "-slack"
 
@@ -220,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     PIN = args.pin
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = sorted(set(modes) - set(MODES) - {m + SLACK for m in MODES[1:]})
+    unknown = sorted(set(modes) - set(MODES) - {m + SLACK for m in ("barrier", "overlap", "osp")})
     if unknown or "ddp" not in modes:
-        print(f"testbed: --modes takes ddp and any of {', '.join(MODES[1:])} (each also with {SLACK}), "
+        print(f"testbed: --modes takes ddp and any of {', '.join(MODES[1:])} (barrier, overlap, osp also with {SLACK}), "
               f"got {args.modes!r}", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
@@ -283,13 +291,14 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         replace(cluster, name=f"{cluster.name}, {args.plan_margin:.0%} slower",
                 bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(slowed)
     plan_of: dict[str, Path] = {}
-    for mode in ["barrier", *(m for m in modes if m not in ("ddp", "barrier"))]:
-        base = mode.removesuffix(SLACK)
+    for mode in ["barrier", *(m for m in modes if m not in ("ddp", "barrier", *COMPILED_RUNS))]:
+        base = "barrier" if mode == "compiled" else mode.removesuffix(SLACK)
+        execution = "compiled" if mode == "compiled" else "eager"
         plans_dir = work / f"plans-{mode}"
         stale = ["--max-stale-fraction", str(args.max_stale_fraction)] if base == "osp" else []
         plan_cluster = slowed if mode.endswith(SLACK) else cluster_file
         rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(plan_cluster), "--solvers", "all",
-                                 "--mode", base, "--execution", "eager", "--time-limit", f"{args.solve_time}s",
+                                 "--mode", base, "--execution", execution, "--time-limit", f"{args.solve_time}s",
                                  "--seed", str(args.seed), *stale,
                                  "--format", "json", "--out", str(plans_dir),
                                  timeout_s=min(args.solve_time * 3 + 120, left()))
@@ -300,14 +309,17 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         plan_of[mode] = plans_dir / f"{best['solver']}.plan.json"
         if mode == "barrier":
             plan_of["ddp"] = plans_dir / "pytorch-ddp.plan.json"
+    for mode, same in COMPILED_RUNS.items():
+        plan_of[mode] = plan_of[same]
     # 5. interleaved runs
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
     waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             out = work / f"{mode}.{round_}.json"
-            env = {} if mode == "ddp" else {"SCHEDOPT_PLAN": str(plan_of[mode])}
-            extra = ["--ddp"] if mode == "ddp" else []
+            env = {} if mode in ("ddp", "compiled-ddp") else {"SCHEDOPT_PLAN": str(plan_of[mode])}
+            extra = (["--ddp"] if mode in ("ddp", "compiled-ddp") else []) + \
+                (["--compile"] if mode == "compiled" or mode in COMPILED_RUNS else [])
             launch(link, [str(TRAIN), args.model, *extra, "--steps", str(args.steps), "--warmup", str(args.warmup),
                           "--threads", "1", "--quiet", "--seed", str(args.seed), "--json", str(out), *batch],
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
@@ -320,9 +332,12 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
-        timeline = simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode), plan)
+        timeline = simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
         flat = [t for run_ in steps[mode] for t in run_]
-        ratios = [statistics.median(d) / statistics.median(m) for d, m in zip(steps["ddp"], steps[mode])]
+
+        def speedup(other: str) -> float:  # median over rounds of the other's round median over this mode's
+            return statistics.median(statistics.median(o) / statistics.median(m)
+                                     for o, m in zip(steps[other], steps[mode]))
         rows.append({
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
             "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
@@ -331,7 +346,9 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
-            "speedup_vs_ddp": statistics.median(ratios),
+            "speedup_vs_ddp": speedup("ddp"),
+            "speedup_vs": {other: speedup(other) for other in modes if other != mode},
+            "execution": plan.execution,
             "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
@@ -353,6 +370,9 @@ def print_table(rows: list[dict]) -> None:
               f"{r['measured_max_s'] * 1e3:8.1f} {r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
               f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
               f"{r['speedup_vs_ddp']:8.3f}")
+    for r in rows:
+        if r["mode"] in ("barrier-compiled", "compiled"):
+            print(f"{r['mode']}: " + ", ".join(f"{ratio:.3f}x {other}" for other, ratio in r["speedup_vs"].items()))
     for r in rows:
         if r.get("measured_wait_median_s") is not None:
             print(f"{r['mode']}: the forward waited {r['measured_wait_median_s'] * 1e3:.1f} ms per step for the network "

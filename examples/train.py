@@ -6,6 +6,10 @@ Launch it with torchrun; the plan comes from the environment, nothing else chang
     SCHEDOPT_PLAN=plan.json torchrun --nproc-per-node 2 examples/train.py resnet18 --steps 20
     torchrun --nproc-per-node 2 examples/train.py resnet18 --steps 20 --ddp       # the baseline
 
+With ``--compile`` the plan runs inside ``torch.compile`` (``schedopt.runtime.compile``: its op order
+too), and ``--ddp --compile`` is ``torch.compile`` of a DDP model (the compiled baseline; backend
+``aot_eager`` by default, which runs the aten graphs as schedopt's compiled runtime does).
+
 Across machines it is plain torchrun, the same command on every node:
 
     SCHEDOPT_PLAN=plan.json torchrun --nnodes 2 --node-rank R --nproc-per-node 8 \\
@@ -63,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="example model name (resnet18, gpt_tied, ...) or file.py:factory")
     parser.add_argument("--ddp", action="store_true", help="train with torch DDP, ignoring $SCHEDOPT_PLAN")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile: the plan with schedopt's compiled runtime, or (with --ddp) the DDP model")
+    parser.add_argument("--compile-backend", default="aot_eager",
+                        help="torch.compile backend of --ddp --compile (default aot_eager; inductor generates code)")
     parser.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring (default 2)")
     parser.add_argument("--batch-size", type=int, default=None, help="per-rank batch size (the factory's default)")
@@ -74,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from schedopt.errors import SchedoptError
+    from schedopt.runtime import compile as compile_plan
     from schedopt.runtime import wrap, wrap_optimizer
 
     if args.threads:
@@ -91,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         plan = None if args.ddp else os.environ.get("SCHEDOPT_PLAN")
         if args.ddp:
             ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+            if args.compile:
+                ddp_model = torch.compile(ddp_model, backend=args.compile_backend)
         else:
-            ddp_model = wrap(model)
-        kind = "ddp" if isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel) else "schedopt"
+            ddp_model = compile_plan(model) if args.compile else wrap(model)
+        kind = ("ddp" if args.ddp or isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel)
+                else "schedopt") + ("-compiled" if args.compile else "")
         # the user's own optimizer; with an overlap plan it steps per bucket, where the next forward reads
         optimizer = wrap_optimizer(torch.optim.SGD(ddp_model.parameters(), lr=args.lr), ddp_model)
         generator = torch.Generator().manual_seed(args.seed + 1000 + rank)
@@ -133,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             median = statistics.median(slowest)
             print(f"{kind}: {args.model} on {world} ranks ({'nccl' if cuda else 'gloo'}), median step "
                   f"{median * 1e3:.1f} ms over {len(slowest)} steps (min {min(slowest) * 1e3:.1f}, "
-                  f"max {max(slowest) * 1e3:.1f})" + (f", plan {plan}" if kind == "schedopt" else ""), flush=True)
+                  f"max {max(slowest) * 1e3:.1f})" + (f", plan {plan}" if kind.startswith("schedopt") else ""),
+                  flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps({
                     "kind": kind, "model": args.model, "plan": plan, "world_size": world,

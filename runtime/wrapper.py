@@ -113,7 +113,7 @@ class ScheduledDataParallel(nn.Module):
         if plan.execution != "eager":
             raise InvalidPlanError(
                 f"this plan has {plan.execution} execution (its op order is free), which eager PyTorch cannot "
-                "run; plan with --execution eager"
+                "run; plan with --execution eager, or apply it with schedopt.runtime.compile"
             )
         if plan.mode not in MODES:
             raise InvalidPlanError(f"wrap applies {' and '.join(MODES)} plans; this plan is in {plan.mode} mode")

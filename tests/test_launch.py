@@ -73,6 +73,27 @@ def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path):
     assert "median step" in done.stdout
 
 
+def test_torchrun_compile_applies_a_compiled_plan_and_compiles_the_ddp_baseline(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", f"{MODELS_FILE}:tiny_branches", "--solver", "caramel", "--world-size", "2",
+                 "--execution", "compiled", "-o", str(plan)]) == 0
+    for extra, env, kind in ((["--compile"], {"SCHEDOPT_PLAN": str(plan)}, "schedopt-compiled"),
+                             (["--ddp", "--compile"], {}, "ddp-compiled")):
+        out = tmp_path / f"{kind}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(ROOT / "examples" / "train.py"), "tiny_branches", "--steps", "3", "--threads", "1",
+               "--json", str(out), *extra]
+        done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(out.read_text())["kind"] == kind
+    # the eager runtime refuses the compiled plan and says where it runs
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / "train.py"), "tiny_branches", "--steps", "1", "--threads", "1"]
+    done = subprocess.run(cmd, env={**os.environ, "SCHEDOPT_PLAN": str(plan)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "schedopt.runtime.compile" in done.stderr
+
+
 def test_testbed_refuses_without_root_and_bad_modes(monkeypatch, capsys):
     sys.path.insert(0, str(ROOT / "bench"))
     try:
@@ -83,4 +104,6 @@ def test_testbed_refuses_without_root_and_bad_modes(monkeypatch, capsys):
     assert testbed.main(["--rate", "400mbit"]) == 2
     assert "needs root" in capsys.readouterr().err
     assert testbed.main(["--modes", "barrier,warp"]) == 2
+    assert "--modes" in capsys.readouterr().err
+    assert testbed.main(["--modes", "ddp,compiled-slack"]) == 2  # slack is for the eager modes
     assert "--modes" in capsys.readouterr().err

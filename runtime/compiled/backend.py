@@ -31,6 +31,7 @@ the optimizer inside the graph.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -51,16 +52,18 @@ __all__ = ["compile", "CompiledDataParallel"]
 log = logging.getLogger("schedopt.runtime")
 
 
-def compile(module: nn.Module, plan: Plan | str, *, process_group: Any = None) -> "CompiledDataParallel":  # noqa: A001
+def compile(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *,  # noqa: A001
+            process_group: Any = None) -> "CompiledDataParallel":
     """Return ``module`` compiled with ``torch.compile``, its graphs in ``plan``'s order with its collectives.
 
     Args:
         module: the model, identical on every rank; the loss may be computed inside it or outside.
-        plan: a ``barrier`` plan (or its path) made from this model at aten level.
+        plan: a ``barrier`` plan (or its path) made from this model at aten level; None: the plan
+            named by ``$SCHEDOPT_PLAN``.
         process_group: the group to synchronize over (default: the world).
 
     Raises:
-        InvalidPlanError: the plan is not a barrier plan, or does not record its ops.
+        InvalidPlanError: no plan, the plan is not a barrier plan, or does not record its ops.
         PlanMismatchError: on every rank, when the ranks hold different plans or the model differs.
         CompileError: at the first forward or backward: a graph break, or graphs the plan's ops
             cannot be found in.
@@ -69,6 +72,13 @@ def compile(module: nn.Module, plan: Plan | str, *, process_group: Any = None) -
         >>> model = schedopt.runtime.compile(model, "plan.json")  # doctest: +SKIP
         >>> loss_fn(model(x), y).backward()  # every .grad holds the average  # doctest: +SKIP
     """
+    from ..wrapper import PLAN_ENV
+
+    if plan is None:
+        plan = os.environ.get(PLAN_ENV) or None
+    if plan is None:
+        raise InvalidPlanError(f"compile needs a plan (argument or ${PLAN_ENV}); the baseline without one is "
+                               "torch.compile(DistributedDataParallel(model))")
     return CompiledDataParallel(module, plan if isinstance(plan, Plan) else Plan.load(plan),
                                 process_group=process_group)
 
