@@ -29,12 +29,14 @@ class ExecutedOps(TorchDispatchMode):
         kind = str(func.overloadpacket)
         if func is torch.ops.aten.convolution_backward.default:
             mask = args[10]
-            if mask[0]:
+            if mask[0] and mask[1]:  # one call for both halves
+                self.calls.append((kind, (tuple(out[0].shape), tuple(out[1].shape))))
+            elif mask[0]:
                 self.calls.append((kind + ".grad_input", tuple(out[0].shape)))
-            if mask[1]:
+            elif mask[1]:
                 self.calls.append((kind + ".grad_weight", tuple(out[1].shape)))
             return out
-        if kind == "_c10d_functional.all_reduce":
+        if kind in ("_c10d_functional.all_reduce", "_c10d_functional.all_reduce_"):
             self.all_reduces.append(args[0].numel())
         if kind in ORDERED_KINDS:
             self.calls.append((kind, tuple((out if isinstance(out, torch.Tensor) else out[0]).shape)))

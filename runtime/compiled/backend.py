@@ -14,8 +14,9 @@ What happens, once per compiled graph (at the first call, and again if
 4. Backward: each ``convolution_backward`` is split into its input and
    weight halves, nodes are matched to the plan's backward ops, each
    parameter's gradient is checked to come from the op the plan says, the
-   graph is reordered to the plan's order, and the collectives go in right
-   after their gradients, waited for at the end (:mod:`.collectives`).
+   halves the plan runs back to back are one call again, the graph is
+   reordered to the plan's order, and the collectives go in right after
+   their gradients, waited for at the end (:mod:`.collectives`).
 5. The reordered graphs run as they are (no Inductor): the order in the graph
    is the order that runs. Ops the plan has that the graphs lack (the loss,
    when it is computed outside the module) run where the program runs them;
@@ -44,7 +45,7 @@ from schedopt.plan import Plan
 from ..agreement import check_agreement
 from ..broadcast import broadcast_states
 from .collectives import insert_collectives
-from .identity import check_gradients, match, outside, split_conv_backward
+from .identity import check_gradients, match, outside, rejoin_conv_backward, split_conv_backward
 from .order import reorder
 
 __all__ = ["compile", "CompiledDataParallel"]
@@ -190,17 +191,16 @@ class CompiledDataParallel(nn.Module):
         split_conv_backward(graph)
         matched = match(graph, self.plan, "backward")
         check_gradients(grads, matched, self.plan)
+        self.outside["backward"] = outside(self.plan, matched.values(), "backward")
+        rejoin_conv_backward(graph, matched, self._position)
         reorder(graph, {n: self._position[op] for n, op in matched.items()}, matched)
-        averaged, self.collective_log = insert_collectives(
-            graph, grads, self.plan, {n: p.numel() for n, p in self._params.items()},
-            {n: tuple(p.shape) for n, p in self._params.items()},
-            group_name=self._group_name, world_size=self.world_size)
+        averaged, self.collective_log = insert_collectives(graph, grads, self.plan, self._params,
+                                                           group_name=self._group_name, world_size=self.world_size)
         output.args = (tuple(averaged.get(name, node) if name is not None else node
                              for name, node in zip(self._primals, results)),)
         graph.lint()
         gm.recompile()
         self.graphs["backward"] = gm
-        self.outside["backward"] = outside(self.plan, matched.values(), "backward")
         if dist.get_rank(self.process_group) == 0:
             log.info("schedopt: compiled %s in the plan's order; plan ops outside the graphs (run by the program): "
                      "%s", type(self.module).__name__,
