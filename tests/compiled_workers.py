@@ -73,21 +73,39 @@ def compiled_against_ddp(rank: int, world: int, name: str, plan, steps: int = 3)
         "params_equal": all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters())),
         "buffers_equal": all(torch.equal(a, b) for a, b in zip(model.buffers(), reference.buffers())),
         "executed": recorder.calls, "all_reduces": recorder.all_reduces, "outside": ours.outside,
+        "unplanned": ours.unplanned,
     }
 
 
-def compile_error(rank: int, world: int, name: str, plan) -> dict[str, str]:
-    """The exception (type name and message) the compiled runtime raises for ``name`` under ``plan``."""
+def compile_step(rank: int, world: int, name: str, plan, strict: bool = False) -> dict[str, Any]:
+    """One compiled step of ``name`` under ``plan``: the exception it raised (type name and message), or
+    the plan ops outside the graphs and the graph ops outside the plan."""
     from schedopt.runtime import compile as compile_plan
 
-    model, example, loss_fn = (GraphBreak(), (torch.randn(4, 8),), None) if name == "graph_break" else build(name)
+    model, example, loss_fn = {"graph_break": (GraphBreak(), (torch.randn(4, 8),), None),
+                               "dropout": (Dropout(), (torch.randn(4, 8),), None)}.get(name) or build(name)
     try:
-        ours = compile_plan(model, plan)
+        ours = compile_plan(model, plan, strict=strict)
         out = ours(*example)
         (out.pow(2).mean() if loss_fn is None else loss_fn(out, *example)).backward()
     except Exception as exc:  # noqa: BLE001 - the test inspects it
         return {"error": type(exc).__name__, "message": str(exc)}
-    return {"error": "", "message": ""}
+    return {"error": "", "message": "", "outside": ours.outside, "unplanned": ours.unplanned,
+            "grads": all(p.grad is not None for p in model.parameters())}
+
+
+class Dropout(nn.Module):
+    """A dropout between two linear layers: traced as ``bernoulli_``, ``div_``, ``mul`` by the importer on
+    CPU and as ``native_dropout`` by AOTAutograd."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.drop(self.a(x)))
 
 
 class GraphBreak(nn.Module):

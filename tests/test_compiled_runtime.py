@@ -85,6 +85,7 @@ def test_compiled_gradients_equal_ddp_bit_for_bit(name, make_plan):
     for result in run_ranks(workers.compiled_against_ddp, 2, name, plan, 3, timeout_s=240):
         assert [d[0] for d in result["diffs"]] == [0.0, 0.0, 0.0]
         assert result["params_equal"] and result["buffers_equal"]
+        assert result["unplanned"] == {"forward": [], "backward": []}  # every graph op found in the plan
         # recorded while the backward ran: the plan's collectives, in its order, with its sizes
         assert result["all_reduces"] == [numel for _, _, numel in expected_log(plan, graph_of(name))]
 
@@ -108,20 +109,35 @@ def test_the_loss_outside_the_module_is_reported_not_lost():
     assert not any(op.startswith("convolution") for ops in result["outside"].values() for op in ops)
 
 
+def ddp_plan_of(model, name: str) -> Plan:
+    graph = from_torch(model, (torch.randn(4, 8),), name=name)
+    return get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=2)))
+
+
 def test_a_graph_break_is_a_clear_error_on_every_rank():
-    model = workers.GraphBreak()
-    graph = from_torch(model, (torch.randn(4, 8),), name="graph_break")
-    plan = get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=2)))
-    for result in run_ranks(workers.compile_error, 2, "graph_break", plan):
+    plan = ddp_plan_of(workers.GraphBreak(), "graph_break")
+    for result in run_ranks(workers.compile_step, 2, "graph_break", plan):
         assert result["error"] == "CompileError" and "breaks the graph of GraphBreak" in result["message"]
 
 
-def test_a_plan_whose_ops_are_not_in_the_graph_names_them():
+def test_a_graph_op_the_plan_lacks_is_named_and_runs_or_with_strict_fails():
     plan = scrambled_plan("tiny_cnn")
-    fewer = replace(plan, ops={k: v for k, v in plan.ops.items() if k != "convolution_1"})
-    for result in run_ranks(workers.compile_error, 2, "tiny_cnn", fewer):
+    fewer = replace(plan, ops={k: v for k, v in plan.ops.items() if k != "convolution_1"},
+                    order=tuple(op for op in plan.order if op != "convolution_1"))
+    for result in run_ranks(workers.compile_step, 2, "tiny_cnn", fewer):
+        assert result["error"] == "" and result["grads"]
+        assert result["unplanned"]["forward"] == ["convolution_1 (aten.convolution)"]
+    for result in run_ranks(workers.compile_step, 2, "tiny_cnn", fewer, strict=True):
         assert result["error"] == "CompileError"
-        assert "2 aten.convolution op(s)" in result["message"] and "has 1" in result["message"]
+        assert "1 op(s) the plan does not: convolution_1 (aten.convolution)" in result["message"]
+
+
+def test_a_dropout_traced_two_ways_is_aligned_around():
+    plan = ddp_plan_of(workers.Dropout(), "dropout")
+    for result in run_ranks(workers.compile_step, 2, "dropout", plan):
+        assert result["error"] == "" and result["grads"]
+        assert [u.split(" ")[1] for u in result["unplanned"]["forward"]] == ["(aten.native_dropout)"]
+        assert {"bernoulli_", "addmm_1"} & set(result["outside"]["forward"]) == {"bernoulli_"}  # the layers matched
 
 
 def test_overlap_plans_and_plans_without_ops_are_refused_before_anything_runs():
@@ -133,6 +149,8 @@ def test_overlap_plans_and_plans_without_ops_are_refused_before_anything_runs():
         compile_plan(model, replace(plan, mode="overlap"))
     with pytest.raises(InvalidPlanError, match="does not record its ops"):
         compile_plan(model, replace(plan, ops=None))
+    with pytest.raises(InvalidPlanError, match="do not list 1 op"):
+        compile_plan(model, replace(plan, ops={k: v for k, v in plan.ops.items() if k != "convolution_1"}))
     onnx_like = replace(plan, ops={k: replace(v, kind="Conv") for k, v in plan.ops.items()})
     with pytest.raises(InvalidPlanError, match="not aten ops"):
         compile_plan(model, onnx_like)

@@ -20,7 +20,9 @@ What happens, once per compiled graph (at the first call, and again if
 5. The reordered graphs run as they are (no Inductor): the order in the graph
    is the order that runs. Ops the plan has that the graphs lack (the loss,
    when it is computed outside the module) run where the program runs them;
-   they are listed in :attr:`CompiledDataParallel.outside`.
+   they are listed in :attr:`CompiledDataParallel.outside`. Nodes no plan op
+   matched run where their data lets them, listed in ``unplanned`` and in
+   a warning (an error with ``strict``).
 
 ``barrier`` plans run, ``eager`` ones (the engine's order) and ``compiled``
 ones (a free order). ``overlap`` and ``osp`` plans are refused: their waits
@@ -45,7 +47,7 @@ from schedopt.plan import Plan
 from ..agreement import check_agreement
 from ..broadcast import broadcast_states
 from .collectives import insert_collectives
-from .identity import check_gradients, match, outside, rejoin_conv_backward, split_conv_backward
+from .identity import check_gradients, match, node_kind, outside, rejoin_conv_backward, split_conv_backward
 from .order import reorder
 
 __all__ = ["compile", "CompiledDataParallel"]
@@ -54,7 +56,7 @@ log = logging.getLogger("schedopt.runtime")
 
 
 def compile(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *,  # noqa: A001
-            process_group: Any = None) -> "CompiledDataParallel":
+            process_group: Any = None, strict: bool = False) -> "CompiledDataParallel":
     """Return ``module`` compiled with ``torch.compile``, its graphs in ``plan``'s order with its collectives.
 
     Args:
@@ -62,6 +64,8 @@ def compile(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None
         plan: a ``barrier`` plan (or its path) made from this model at aten level; None: the plan
             named by ``$SCHEDOPT_PLAN``.
         process_group: the group to synchronize over (default: the world).
+        strict: raise :class:`~schedopt.errors.CompileError` for a graph node that matches no op of
+            the plan, instead of running it where its data lets it (and saying so in a warning).
 
     Raises:
         InvalidPlanError: no plan, the plan is not a barrier plan, or does not record its ops.
@@ -81,18 +85,19 @@ def compile(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None
         raise InvalidPlanError(f"compile needs a plan (argument or ${PLAN_ENV}); the baseline without one is "
                                "torch.compile(DistributedDataParallel(model))")
     return CompiledDataParallel(module, plan if isinstance(plan, Plan) else Plan.load(plan),
-                                process_group=process_group)
+                                process_group=process_group, strict=strict)
 
 
 class CompiledDataParallel(nn.Module):
     """A module whose compiled forward and backward follow a plan (see the module docstring).
 
     ``collective_log`` holds ``(bucket, chunk, numel)`` of the collectives the backward graph issues,
-    in order; ``graphs`` the final ``forward`` and ``backward`` graph modules; ``outside`` the plan
-    ops no compiled node matched, per phase.
+    in order; ``graphs`` the final ``forward`` and ``backward`` graph modules; per phase, ``outside``
+    the plan ops no compiled node matched (run by the program, or traced otherwise) and
+    ``unplanned`` the compiled nodes no plan op matched (run where their data lets them).
     """
 
-    def __init__(self, module: nn.Module, plan: Plan, *, process_group: Any = None) -> None:
+    def __init__(self, module: nn.Module, plan: Plan, *, process_group: Any = None, strict: bool = False) -> None:
         super().__init__()
         if plan.mode != "barrier":
             raise InvalidPlanError(
@@ -103,6 +108,9 @@ class CompiledDataParallel(nn.Module):
         if plan.ops is None:
             raise InvalidPlanError("this plan does not record its ops' kinds (it predates the compiled runtime); "
                                    "plan again from the model at aten level")
+        if unknown := [op for op in plan.order if op not in plan.ops]:
+            raise InvalidPlanError(f"this plan's ops do not list {len(unknown)} op(s) of its order "
+                                   f"({', '.join(unknown[:3])}); the plan file was edited or is corrupt")
         if not any(op.kind.startswith("aten.") for op in plan.ops.values()):
             raise InvalidPlanError("this plan's ops are not aten ops (imported from ONNX or at module level); "
                                    "the compiled runtime needs a plan made from the PyTorch model at aten level")
@@ -122,6 +130,8 @@ class CompiledDataParallel(nn.Module):
         self.collective_log: list[tuple[int, int, int]] = []
         self.graphs: dict[str, fx.GraphModule] = {}
         self.outside: dict[str, list[str]] = {}
+        self.unplanned: dict[str, list[str]] = {}
+        self.strict = strict
         self._position = {op_id: i for i, op_id in enumerate(plan.order)}
         self._primals: list[str | None] = []
         # not a submodule: the compiled wrapper shares the module's parameters (state_dict keys stay module.*)
@@ -169,12 +179,25 @@ class CompiledDataParallel(nn.Module):
     def _compile_forward(self, gm: fx.GraphModule, _inputs: list[Any]):
         from functorch.compile import make_boxed_func
 
-        matched = match(gm.graph, self.plan, "forward")
+        matched = self._match(gm.graph, "forward")
         reorder(gm.graph, {n: self._position[op] for n, op in matched.items()}, matched)
         gm.recompile()
         self.graphs["forward"] = gm
-        self.outside["forward"] = outside(self.plan, matched.values(), "forward")
         return make_boxed_func(gm.forward)
+
+    def _match(self, graph: fx.Graph, phase: str) -> dict[fx.Node, str]:
+        matched, unmatched = match(graph, self.plan, phase)
+        self.outside[phase] = outside(self.plan, matched.values(), phase)
+        self.unplanned[phase] = [f"{node.name} ({node_kind(node)})" for node in unmatched]
+        if unmatched:
+            listed = ", ".join(self.unplanned[phase][:6]) + (" ..." if len(unmatched) > 6 else "")
+            if self.strict:
+                raise CompileError(f"the compiled {phase} graph has {len(unmatched)} op(s) the plan does not: "
+                                   f"{listed}; plan again from this model at aten level")
+            if dist.get_rank(self.process_group) == 0:
+                log.warning("schedopt: %d op(s) of the compiled %s graph match no op of the plan and run where "
+                            "their inputs are ready: %s", len(unmatched), phase, listed)
+        return matched
 
     def _compile_backward(self, gm: fx.GraphModule, _inputs: list[Any]):
         from functorch.compile import make_boxed_func
@@ -189,9 +212,8 @@ class CompiledDataParallel(nn.Module):
         if none := [name for name, node in grads.items() if node is None]:
             raise CompileError(f"the compiled backward gives no gradient to {', '.join(none[:4])}")
         split_conv_backward(graph)
-        matched = match(graph, self.plan, "backward")
+        matched = self._match(graph, "backward")
         check_gradients(grads, matched, self.plan)
-        self.outside["backward"] = outside(self.plan, matched.values(), "backward")
         rejoin_conv_backward(graph, matched, self._position)
         reorder(graph, {n: self._position[op] for n, op in matched.items()}, matched)
         averaged, self.collective_log = insert_collectives(graph, grads, self.plan, self._params,

@@ -18,22 +18,25 @@ same autograd engine, but
   gradient): :func:`split_conv_backward` makes it two calls first;
 - with node names from its own counters.
 
-So identity goes by kind and occurrence, per phase (:func:`match`): the i-th
-forward node of a kind is the plan's i-th forward op of that kind, counted
-from the start (the missing loss ops are the last); in backward the count
-runs from the end (the missing loss-backward ops are the first). Kinds are
-compared after :func:`canonical_kind` undoes functionalization. A graph with
-more nodes of a kind than the plan has ops of it raises
-:class:`~schedopt.errors.CompileError` naming the kind; the backend then
-checks that every parameter's gradient comes out of the node matched to the
-op the plan says finishes it (:func:`check_gradients`), which catches a
-pairing that counts alone would get wrong.
+- with some composite ops decomposed otherwise (dropout: ``bernoulli_``,
+  ``div_`` and ``mul`` in the importer's CPU trace, ``native_dropout`` in
+  AOTAutograd's).
+
+Both traces list their ops in the same order (the program's forward, the
+engine's backward), so identity is an alignment of the two sequences of
+kinds, per phase (:func:`match`), after :func:`canonical_kind` undoes
+functionalization: what one trace has and the other lacks falls between the
+aligned blocks. The backend then checks that every parameter's gradient
+comes out of the node matched to the op the plan says finishes it
+(:func:`check_gradients`), which catches an alignment gone wrong; nodes no op
+matched run where their data lets them, and the user is told
+(:class:`~schedopt.errors.CompileError` instead with ``strict``).
 """
 
 from __future__ import annotations
 
+import difflib
 import operator
-from collections import defaultdict
 from typing import Iterable, Mapping
 
 import torch
@@ -156,41 +159,26 @@ def rejoin_conv_backward(graph: fx.Graph, matched: dict[fx.Node, str], position:
             graph.erase_node(half)
 
 
-def match(graph: fx.Graph, plan: Plan, phase: str) -> dict[fx.Node, str]:
-    """Return the plan op id of every kernel-launching node of ``graph``, the ``phase`` half of a step.
+def match(graph: fx.Graph, plan: Plan, phase: str) -> tuple[dict[fx.Node, str], list[fx.Node]]:
+    """Return the plan op id of each kernel-launching node of ``graph`` (the ``phase`` half of a step),
+    and the nodes no op matched.
 
     Steps:
-        1. The plan's ``phase`` ops in the order the importer traced them, and the graph's nodes in
-           graph order, grouped by canonical kind.
-        2. Per kind, pair them by occurrence: from the start in forward, from the end in backward.
-
-    Raises:
-        CompileError: the graph has more nodes of a kind than the plan has ops of it (the plan was
-            made from another model or another trace of it).
+        1. The plan's ``phase`` ops in the order the importer traced them and the graph's nodes in
+           graph order: two sequences of canonical kinds, in the same engine order.
+        2. Align them (``difflib.SequenceMatcher``, no junk heuristic): the matching blocks pair a
+           node with an op of its kind, in order; what one trace has and the other lacks (the loss,
+           a dropout the importer saw as ``bernoulli_``, ``div_``, ``mul`` and AOTAutograd as
+           ``native_dropout``) falls between the blocks.
     """
     assert plan.ops is not None, "the backend checks that the plan records its ops"
-    planned: dict[str, list[str]] = defaultdict(list)
-    for op_id, op in plan.ops.items():
-        if op.phase == phase:
-            planned[canonical_kind(op.kind)].append(op_id)
-    found: dict[str, list[fx.Node]] = defaultdict(list)
-    for node in graph.nodes:
-        kind = node_kind(node)
-        if kind is not None:
-            found[canonical_kind(kind)].append(node)
-    matched: dict[fx.Node, str] = {}
-    for kind, nodes in found.items():
-        ops = planned.get(kind, [])
-        if len(nodes) > len(ops):
-            names = ", ".join(n.name for n in nodes[:3])
-            raise CompileError(
-                f"the compiled {phase} graph has {len(nodes)} {kind} op(s) ({names}{', ...' if len(nodes) > 3 else ''}) "
-                f"where the plan's {phase} has {len(ops)}: the plan was made from another model or another "
-                "trace of it (plan again from this model at aten level)"
-            )
-        ops = ops[:len(nodes)] if phase == "forward" else ops[len(ops) - len(nodes):]
-        matched.update(zip(nodes, ops))
-    return matched
+    ops = [op_id for op_id, op in plan.ops.items() if op.phase == phase]
+    nodes = [node for node in graph.nodes if node_kind(node) is not None]
+    aligner = difflib.SequenceMatcher(None, [canonical_kind(plan.ops[op].kind) for op in ops],
+                                      [canonical_kind(node_kind(node)) for node in nodes], autojunk=False)
+    matched = {nodes[block.b + k]: ops[block.a + k]
+               for block in aligner.get_matching_blocks() for k in range(block.size)}
+    return matched, [node for node in nodes if node not in matched]
 
 
 def check_gradients(grads: Mapping[str, fx.Node], matched: Mapping[fx.Node, str], plan: Plan) -> None:
