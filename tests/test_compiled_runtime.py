@@ -65,9 +65,11 @@ def planned_kernels(plan: Plan, name: str) -> list[tuple[str, tuple[int, ...]]]:
     for k, op in enumerate(backward):
         node, _, half = op.partition(".")
         beside = {backward[i].partition(".")[0] for i in (k - 1, k + 1) if 0 <= i < len(backward)}
-        if half and node in beside:  # the two halves back to back: the runtime makes them one call
-            if half == "grad_input":
-                kernels.append(("aten.convolution_backward", (shapes[op], shapes[f"{node}.grad_weight"])))
+        paired = f"{node}.grad_input" in plan.ops and f"{node}.grad_weight" in plan.ops
+        if paired and (node in beside or plan.execution == "eager"):  # the runtime makes the halves one call,
+            if not any(b.startswith(f"{node}.") for b in backward[:k]):  # where the plan runs the first
+                kernels.append(("aten.convolution_backward",
+                                (shapes[f"{node}.grad_input"], shapes[f"{node}.grad_weight"])))
         elif plan.ops[op].kind in workers.ORDERED_KINDS:
             kernels.append((plan.ops[op].kind, shapes[op]))
     return kernels

@@ -14,7 +14,8 @@ What happens, once per compiled graph (at the first call, and again if
 4. Backward: each ``convolution_backward`` is split into its input and
    weight halves, nodes are matched to the plan's backward ops, each
    parameter's gradient is checked to come from the op the plan says, the
-   halves the plan runs back to back are one call again, the graph is
+   halves the plan runs back to back (every pair, for an ``eager`` plan: the
+   engine runs one call) are one call again, the graph is
    reordered to the plan's order, and the collectives go in right after
    their gradients, waited for at the end (:mod:`.collectives`).
 5. The reordered graphs run as they are (no Inductor): the order in the graph
@@ -214,7 +215,7 @@ class CompiledDataParallel(nn.Module):
         split_conv_backward(graph)
         matched = self._match(graph, "backward")
         check_gradients(grads, matched, self.plan)
-        rejoin_conv_backward(graph, matched, self._position)
+        rejoin_conv_backward(graph, matched, self._position, every_pair=self.plan.execution == "eager")
         reorder(graph, {n: self._position[op] for n, op in matched.items()}, matched)
         averaged, self.collective_log = insert_collectives(graph, grads, self.plan, self._params,
                                                            group_name=self._group_name, world_size=self.world_size)

@@ -134,18 +134,21 @@ def split_conv_backward(graph: fx.Graph) -> None:
                                else "aten.convolution_backward.grad_weight")
 
 
-def rejoin_conv_backward(graph: fx.Graph, matched: dict[fx.Node, str], position: Mapping[str, int]) -> None:
+def rejoin_conv_backward(graph: fx.Graph, matched: dict[fx.Node, str], position: Mapping[str, int], *,
+                         every_pair: bool = False) -> None:
     """Make the halves of a split ``convolution_backward`` one call again where the plan runs them back to back.
 
     Where nothing the plan orders runs between the two halves, one call does what the two would, for
-    less (1-5% of the kernel's time on ResNet-18's convolutions on this CPU). ``matched`` is updated:
-    the joint call takes the op id of the half the plan runs first.
+    less (1-5% of the kernel's time on ResNet-18's convolutions on this CPU). With ``every_pair`` (an
+    ``eager`` plan, whose order is the engine's: the engine runs one call where the importer lists two
+    ops) every pair is joined, where the plan runs its first half. ``matched`` is updated: the joint
+    call takes the op id of the half the plan runs first.
     """
     ranked = sorted(matched, key=lambda n: position[matched[n]])
     place = {node: i for i, node in enumerate(ranked)}
     for node in [n for n in ranked if n.meta.get(KIND) == "aten.convolution_backward.grad_input"]:
         other = node.meta.get(PAIR)
-        if other is None or other not in place or abs(place[other] - place[node]) != 1:
+        if other is None or other not in place or (abs(place[other] - place[node]) != 1 and not every_pair):
             continue
         mask = other.args[10]
         with graph.inserting_before(node):  # the input half is the first in the graph (split order)
