@@ -244,6 +244,9 @@ class Plan:
         """
         root = Fields(data, InvalidPlanError, "plan")
         schema = data.get("schema")
+        if isinstance(schema, str) and schema.startswith("schedopt.graph/"):
+            raise InvalidPlanError(f"this is a training graph ({schema}), not a plan; make a plan from it with "
+                                   "schedopt plan GRAPH -o plan.json")
         if schema not in READABLE_SCHEMAS:
             raise InvalidPlanError(
                 f"unsupported plan schema {schema!r}; this schedopt reads {', '.join(map(repr, READABLE_SCHEMAS))}"

@@ -46,6 +46,18 @@ def test_unknown_schema_version_is_refused(tmp_path, plan):
         Plan.load(path)
 
 
+def test_a_graph_given_as_a_plan_says_what_it_is(tmp_path, problem, capsys):
+    from schedopt.cli import main
+
+    path = tmp_path / "graph.json"
+    problem.graph.save(path)
+    with pytest.raises(InvalidPlanError, match=r"training graph \(schedopt.graph/\d+\), not a plan"):
+        Plan.load(path)
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a plan" in err[0] and "schedopt plan" in err[0]
+
+
 def test_a_schema_1_plan_loads_as_compiled_and_saves_as_schema_2(tmp_path, problem, capsys):
     data = get("pytorch-ddp")(problem).to_json()
     data["schema"] = "schedopt.plan/1"
