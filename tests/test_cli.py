@@ -81,7 +81,7 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     (["plan", "{missing}.py:f", "--solver", "pytorch-ddp"], "does not exist"),
     (["simulate", "{plan}", "{other}"], "plan was made for model"),
     (["simulate", "{corrupt}", "{graph}"], "not valid JSON"),
-    (["inspect", "{graph}"], "unsupported plan schema"),
+    (["inspect", "{graph}"], "a training graph (schedopt.graph/1), not a plan"),
     (["compare", "{graph}", "--solvers", "pytorch-ddp,nope"], "unknown solver 'nope'"),
     (["frobnicate"], "invalid choice"),
 ])
