@@ -66,6 +66,8 @@ ADDRESSES = ("198.18.0.1", "198.18.0.2")
 MODES = ("ddp", "barrier", "overlap", "osp", "compiled-ddp", "barrier-compiled", "compiled")
 #: Modes that run another mode's plan inside torch.compile (``examples/train.py --compile``).
 COMPILED_RUNS = {"compiled-ddp": "ddp", "barrier-compiled": "barrier"}
+#: Modes launched with ``--compile``.
+COMPILED_MODES = (*COMPILED_RUNS, "compiled")
 #: A mode with this suffix is planned on a link ``--plan-margin`` slower than calibrated (slack for jitter).
 SLACK = "-slack"
 
@@ -317,9 +319,9 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             out = work / f"{mode}.{round_}.json"
-            env = {} if mode in ("ddp", "compiled-ddp") else {"SCHEDOPT_PLAN": str(plan_of[mode])}
-            extra = (["--ddp"] if mode in ("ddp", "compiled-ddp") else []) + \
-                (["--compile"] if mode == "compiled" or mode in COMPILED_RUNS else [])
+            torch_ddp = mode in ("ddp", "compiled-ddp")
+            env = {} if torch_ddp else {"SCHEDOPT_PLAN": str(plan_of[mode])}
+            extra = (["--ddp"] if torch_ddp else []) + (["--compile"] if mode in COMPILED_MODES else [])
             launch(link, [str(TRAIN), args.model, *extra, "--steps", str(args.steps), "--warmup", str(args.warmup),
                           "--threads", "1", "--quiet", "--seed", str(args.seed), "--json", str(out), *batch],
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")

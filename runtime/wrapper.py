@@ -50,7 +50,7 @@ from .buckets import BucketLayout
 from .channel import FifoChannel
 from .deferred import DeferredUpdates
 
-__all__ = ["ScheduledDataParallel", "wrap", "PLAN_ENV"]
+__all__ = ["ScheduledDataParallel", "wrap", "resolve_plan", "PLAN_ENV"]
 
 log = logging.getLogger("schedopt.runtime")
 
@@ -88,16 +88,22 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
     With an ``overlap`` or ``osp`` plan, pass the optimizer through
     :func:`~schedopt.runtime.wrap_optimizer` and call ``model.flush()`` after the last step.
     """
-    if plan is None and os.environ.get(PLAN_ENV):
-        plan = os.environ[PLAN_ENV]
+    plan = resolve_plan(plan)
     if plan is None:
         log.warning("schedopt: no plan (argument or $%s): training with torch DistributedDataParallel", PLAN_ENV)
         return nn.parallel.DistributedDataParallel(module, process_group=process_group,
                                                    find_unused_parameters=find_unused_parameters)
-    if not isinstance(plan, Plan):
-        plan = Plan.load(plan)
     return ScheduledDataParallel(module, plan, process_group=process_group,
                                  find_unused_parameters=find_unused_parameters, lgp=lgp)
+
+
+def resolve_plan(plan: Plan | str | os.PathLike[str] | None) -> Plan | None:
+    """Return ``plan`` loaded if it is a path; with None, the plan ``$SCHEDOPT_PLAN`` names, or None."""
+    if plan is None:
+        plan = os.environ.get(PLAN_ENV) or None
+    if plan is None or isinstance(plan, Plan):
+        return plan
+    return Plan.load(plan)
 
 
 class ScheduledDataParallel(nn.Module):

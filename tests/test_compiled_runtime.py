@@ -181,11 +181,11 @@ def test_reorder_follows_the_plan_and_refuses_an_order_against_a_dependency():
         return graph, a, b, view, c
 
     graph, a, b, view, c = diamond()
-    reorder(graph, {b: 0, a: 1, c: 2}, {a: "a", b: "b", c: "c"})
+    reorder(graph, {a: "a", b: "b", c: "c"}, {"b": 0, "a": 1, "c": 2})
     assert [n.name for n in graph.nodes if n.op == "call_function"] == [b.name, a.name, view.name, c.name]
     graph, a, b, view, c = diamond()
     with pytest.raises(CompileError, match="the plan runs 'c' .* before 'b'"):
-        reorder(graph, {a: 0, c: 1, b: 2}, {a: "a", b: "b", c: "c"})
+        reorder(graph, {a: "a", b: "b", c: "c"}, {"a": 0, "c": 1, "b": 2})
 
 
 def test_canonical_kinds_undo_functionalization():

@@ -34,6 +34,7 @@ the optimizer inside the graph.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -78,15 +79,13 @@ def compile(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None
         >>> model = schedopt.runtime.compile(model, "plan.json")  # doctest: +SKIP
         >>> loss_fn(model(x), y).backward()  # every .grad holds the average  # doctest: +SKIP
     """
-    from ..wrapper import PLAN_ENV
+    from ..wrapper import PLAN_ENV, resolve_plan
 
-    if plan is None:
-        plan = os.environ.get(PLAN_ENV) or None
-    if plan is None:
+    resolved = resolve_plan(plan)
+    if resolved is None:
         raise InvalidPlanError(f"compile needs a plan (argument or ${PLAN_ENV}); the baseline without one is "
                                "torch.compile(DistributedDataParallel(model))")
-    return CompiledDataParallel(module, plan if isinstance(plan, Plan) else Plan.load(plan),
-                                process_group=process_group, strict=strict)
+    return CompiledDataParallel(module, resolved, process_group=process_group, strict=strict)
 
 
 class CompiledDataParallel(nn.Module):
@@ -134,7 +133,6 @@ class CompiledDataParallel(nn.Module):
         self.unplanned: dict[str, list[str]] = {}
         self.strict = strict
         self._position = {op_id: i for i, op_id in enumerate(plan.order)}
-        self._primals: list[str | None] = []
         # not a submodule: the compiled wrapper shares the module's parameters (state_dict keys stay module.*)
         object.__setattr__(self, "_compiled", torch.compile(module, backend=self._backend, fullgraph=True,
                                                             dynamic=False))
@@ -162,11 +160,12 @@ class CompiledDataParallel(nn.Module):
         from torch._functorch.partitioners import default_partition
 
         # AOTAutograd's inputs: the graph module's own parameters and buffers, then the example inputs
+        # (each captured graph's own list: its backward is compiled lazily, maybe after another capture)
         name_of = {id(p): name for name, p in self._params.items()}
         flat = [*(t for _, t in gm.named_parameters(remove_duplicate=False)),
                 *(t for _, t in gm.named_buffers(remove_duplicate=False)), *example_inputs]
-        self._primals = [name_of.get(id(t)) for t in flat]
-        missing = sorted(set(self._params) - set(self._primals))
+        primals = [name_of.get(id(t)) for t in flat]
+        missing = sorted(set(self._params) - set(primals))
         if missing:
             raise CompileError(f"the compiled graph does not take parameter(s) {', '.join(missing[:4])} as inputs; "
                                "cannot find their gradients")
@@ -174,14 +173,15 @@ class CompiledDataParallel(nn.Module):
         def inference(graph_module: fx.GraphModule, _inputs: list[Any]):
             return make_boxed_func(graph_module.forward)
 
-        return aot_autograd(fw_compiler=self._compile_forward, bw_compiler=self._compile_backward,
+        return aot_autograd(fw_compiler=self._compile_forward,
+                            bw_compiler=functools.partial(self._compile_backward, primals),
                             inference_compiler=inference, partition_fn=default_partition)(gm, example_inputs)
 
     def _compile_forward(self, gm: fx.GraphModule, _inputs: list[Any]):
         from functorch.compile import make_boxed_func
 
         matched = self._match(gm.graph, "forward")
-        reorder(gm.graph, {n: self._position[op] for n, op in matched.items()}, matched)
+        reorder(gm.graph, matched, self._position)
         gm.recompile()
         self.graphs["forward"] = gm
         return make_boxed_func(gm.forward)
@@ -200,27 +200,27 @@ class CompiledDataParallel(nn.Module):
                             "their inputs are ready: %s", len(unmatched), phase, listed)
         return matched
 
-    def _compile_backward(self, gm: fx.GraphModule, _inputs: list[Any]):
+    def _compile_backward(self, primals: list[str | None], gm: fx.GraphModule, _inputs: list[Any]):
         from functorch.compile import make_boxed_func
 
         graph = gm.graph
         output = next(n for n in graph.nodes if n.op == "output")
         results = list(output.args[0])
-        if len(results) != len(self._primals):
+        if len(results) != len(primals):
             raise CompileError(f"the compiled backward returns {len(results)} gradients for "
-                               f"{len(self._primals)} inputs; cannot tell which is whose")
-        grads = {name: node for name, node in zip(self._primals, results) if name is not None}
+                               f"{len(primals)} inputs; cannot tell which is whose")
+        grads = {name: node for name, node in zip(primals, results) if name is not None}
         if none := [name for name, node in grads.items() if node is None]:
             raise CompileError(f"the compiled backward gives no gradient to {', '.join(none[:4])}")
         split_conv_backward(graph)
         matched = self._match(graph, "backward")
         check_gradients(grads, matched, self.plan)
         rejoin_conv_backward(graph, matched, self._position, every_pair=self.plan.execution == "eager")
-        reorder(graph, {n: self._position[op] for n, op in matched.items()}, matched)
+        reorder(graph, matched, self._position)
         averaged, self.collective_log = insert_collectives(graph, grads, self.plan, self._params,
                                                            group_name=self._group_name, world_size=self.world_size)
         output.args = (tuple(averaged.get(name, node) if name is not None else node
-                             for name, node in zip(self._primals, results)),)
+                             for name, node in zip(primals, results)),)
         graph.lint()
         gm.recompile()
         self.graphs["backward"] = gm

@@ -29,17 +29,18 @@ from schedopt.errors import CompileError
 __all__ = ["reorder"]
 
 
-def reorder(graph: fx.Graph, rank: Mapping[fx.Node, int], ids: Mapping[fx.Node, str]) -> None:
-    """Move ``graph``'s nodes so that the nodes in ``rank`` run in increasing rank (in place).
+def reorder(graph: fx.Graph, ids: Mapping[fx.Node, str], position: Mapping[str, int]) -> None:
+    """Move ``graph``'s nodes so that the matched ones run in the plan's order (in place).
 
     Args:
         graph: the graph; placeholders stay first and the output last.
-        rank: position in the plan's order of each matched node.
-        ids: the plan op id of each matched node (for the error).
+        ids: the plan op id of each matched node.
+        position: each op id's position in the plan's order.
 
     Raises:
         CompileError: the graph makes a node wait for one the plan runs later.
     """
+    rank = {node: position[op] for node, op in ids.items()}
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
     position = {n: i for i, n in enumerate(nodes)}
     priority: dict[fx.Node, float] = {}
