@@ -34,7 +34,9 @@ Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``predicted_s``, ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
-overlap and osp modes the forward's measured and predicted waits per step, and the
+overlap and osp modes the forward's measured and predicted waits per step,
+``measured_phases_s`` (rank 0's forward, backward and optimizer, medians) beside
+``predicted_phases_s`` (the simulated forward, backward and the rest), and the
 calibration.
 
     sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 550mbit \
@@ -316,6 +318,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     # 5. interleaved runs
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
     waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
+    phases: dict[str, list[list[float]]] = {m: [] for m in modes}  # rank 0's forward, backward, optimizer
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             out = work / f"{mode}.{round_}.json"
@@ -328,6 +331,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             measured = json.loads(out.read_text())
             steps[mode].append(measured["step_s"])
             waits[mode] += measured.get("rank0_wait_s", [])
+            phases[mode] += measured.get("rank0_phases_s", [])
             print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
     # 6. rows
     bound = lower_bound(Problem(graph=graph, cluster=cluster, mode="overlap"))  # max(compute, comm)
@@ -351,10 +355,30 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "speedup_vs_ddp": speedup("ddp"),
             "speedup_vs": {other: speedup(other) for other in modes if other != mode},
             "execution": plan.execution,
+            "measured_phases_s": [statistics.median(p) for p in zip(*phases[mode])] if phases[mode] else None,
+            "predicted_phases_s": _phases(timeline),
             "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
+
+
+def _phases(timeline) -> list[float]:
+    """The simulated step in the measured phases: forward, backward, the rest (optimizer, and comm after backward).
+
+    Of one steady-state step (the second to last simulated); the forward from its first op's start to
+    its last op's end (overlap and osp: waits included, as measured), the backward from there to its
+    last op's end. In barrier mode the measured backward holds the communication after the last
+    backward op (DDP's and the wrapper's ``backward()`` return when every gradient is averaged),
+    which the simulated split counts in the rest.
+    """
+    step = max(timeline.num_steps - 2, 0)
+    ops = [e for e in timeline.events if e.track == "compute" and e.step == step]
+    forward = [e for e in ops if e.category == "forward"]
+    backward = [e for e in ops if e.category == "backward"]
+    f0, f1 = min(e.start_s for e in forward), max(e.end_s for e in forward)
+    b1 = max(e.end_s for e in backward)
+    return [f1 - f0, b1 - f1, timeline.iteration_s - (b1 - f0)]
 
 
 def _steady_waits(timeline) -> float:
@@ -379,6 +403,11 @@ def print_table(rows: list[dict]) -> None:
         if r.get("measured_wait_median_s") is not None:
             print(f"{r['mode']}: the forward waited {r['measured_wait_median_s'] * 1e3:.1f} ms per step for the network "
                   f"(median, rank 0; predicted {r['predicted_wait_s'] * 1e3:.1f} ms)")
+    for r in rows:
+        if r.get("measured_phases_s"):
+            measured, predicted = (" / ".join(f"{t * 1e3:.0f}" for t in r[k]) for k in ("measured_phases_s", "predicted_phases_s"))
+            print(f"{r['mode']}: forward / backward / optimizer {measured} ms (rank 0, medians); simulated forward / "
+                  f"backward / rest {predicted} ms")
 
 
 if __name__ == "__main__":

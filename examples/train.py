@@ -20,8 +20,9 @@ Each rank draws its own batches (before timing), shaped like the factory's examp
 Every rank times its steps from one step's start to the next (an overlap plan's
 communication ends in the next step's forward; one more step runs after the last measured
 one, so that each measured step is a steady-state one); a step's time is the slowest rank's
-(``--json`` writes them all, and in overlap and osp modes how long rank 0's forward waited for the
-network in each step).
+(``--json`` writes them all; rank 0's forward, backward and optimizer times per step, by the host's
+clock (on CUDA: until the host returned, not until the kernels ran); and in overlap and osp modes how
+long rank 0's forward waited for the network in each step).
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
 """
 
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         marks: list[float] = []  # when each measured step began, and the step after the last
         waits: list[float] = []  # overlap mode: time the forward waited for the network, per step
         settles: list[list] = []  # and each settle: bucket, where, what, waited (s)
+        phases: list[list[float]] = []  # rank 0, per measured step: forward, backward, optimizer (s, host clock)
         for step, x in enumerate(batches):
             if cuda:
                 torch.cuda.synchronize()
@@ -121,10 +123,15 @@ def main(argv: list[str] | None = None) -> int:
                 marks.append(time.perf_counter())
             if step == len(batches) - 1:
                 break
+            t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(ddp_model(*x), *x)
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             optimizer.step()
+            if step >= args.warmup:
+                phases.append([t1 - t0, t2 - t1, time.perf_counter() - t2])
             deferred = getattr(ddp_model, "deferred", None)
             if deferred is not None and step >= args.warmup:
                 waits.append(sum(s.wait_s for s in deferred.settled))
@@ -151,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.json).write_text(json.dumps({
                     "kind": kind, "model": args.model, "plan": plan, "world_size": world,
                     "step_s": slowest, "rank_step_s": gathered, "median_s": median, "rank0_wait_s": waits,
-                    "rank0_settles": settles, "rank0_step_marks_s": marks, "rank0_transfers": transfers,
+                    "rank0_settles": settles, "rank0_phases_s": phases, "rank0_step_marks_s": marks, "rank0_transfers": transfers,
                 }, indent=1))
     except SchedoptError as exc:
         print(f"train.py: rank {rank}: {exc}", file=sys.stderr)
