@@ -10,7 +10,12 @@ What it does (as root; everything it creates is removed however it exits):
    (``--nnodes 2``), one node per namespace.
 2. ``schedopt calibrate`` on that link: the cluster JSON.
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
-   profiling at once (as they compute at once when training).
+   profiling at once (as they compute at once when training); again before
+   each round (unless ``--no-reprofile``): this host's compute speed drifts
+   by several percent over minutes (the rounds' profiles in
+   ``predicted_rounds_s`` show by how much), so each round is predicted from its own profile
+   and a row's prediction is its median round's. The plans are made once,
+   from the first profile.
 4. ``schedopt compare --execution eager`` with every solver for the
    calibrated cluster (for a mode named with ``-slack``, e.g.
    ``overlap-slack``: its bandwidth divided by 1 + ``--plan-margin``, so that
@@ -31,7 +36,8 @@ What it does (as root; everything it creates is removed however it exits):
 
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
-``predicted_s``, ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
+``predicted_s`` (``predicted_rounds_s``: each round's; ``predicted_planning_s``:
+from the profile the plans were made with), ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
 overlap and osp modes the forward's measured and predicted waits per step,
@@ -226,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="cpsat's seed and the training's (model and data)")
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--keep", help="keep the work files (graph, cluster, plans, logs) in this directory")
+    parser.add_argument("--no-reprofile", dest="reprofile", action="store_false",
+                        help="predict every round from the planning profile (default: profile again before each round)")
     parser.add_argument("--pin", action="store_true", help="pin rank k to CPU k (see PIN; slower here)")
     args = parser.parse_args(argv)
     global PIN
@@ -319,7 +327,13 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
     waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
     phases: dict[str, list[list[float]]] = {m: [] for m in modes}  # rank 0's forward, backward, optimizer
+    graphs: list = []  # each round's own profile: the machine's speed drifts over minutes
     for round_ in range(args.rounds):
+        if args.reprofile:
+            round_graph = work / f"graph.round{round_}.json"
+            profile_both(args.model, round_graph, batch=batch, timeout_s=min(600, left()))
+            graphs.append(TrainGraph.load(round_graph))
+            print(f"  round {round_} profiled compute {sum(op.duration_s for op in graphs[-1].ops.values()) * 1e3:.0f} ms")
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             out = work / f"{mode}.{round_}.json"
             torch_ddp = mode in ("ddp", "compiled-ddp")
@@ -334,11 +348,18 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             phases[mode] += measured.get("rank0_phases_s", [])
             print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
     # 6. rows
-    bound = lower_bound(Problem(graph=graph, cluster=cluster, mode="overlap"))  # max(compute, comm)
+    bound = statistics.median(lower_bound(Problem(graph=g, cluster=cluster, mode="overlap"))  # max(compute, comm)
+                              for g in graphs or [graph])
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
-        timeline = simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
+
+        def simulated(g: TrainGraph):
+            return simulate(Problem(graph=g, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
+        planned = simulated(graph)
+        # the prediction: of each round's profile when re-profiled (the median round), else the planning one
+        per_round = sorted((simulated(g) for g in graphs), key=lambda t: t.iteration_s)
+        timeline = per_round[len(per_round) // 2] if per_round else planned
         flat = [t for run_ in steps[mode] for t in run_]
 
         def speedup(other: str) -> float:  # median over rounds of the other's round median over this mode's
@@ -348,7 +369,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
             "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
             "measured_max_s": max(flat), "num_steps": len(flat),
-            "predicted_s": timeline.iteration_s, "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
+            "predicted_s": timeline.iteration_s, "predicted_planning_s": planned.iteration_s,
+            "predicted_rounds_s": [t.iteration_s for t in per_round], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,

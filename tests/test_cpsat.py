@@ -508,3 +508,24 @@ def test_the_time_limit_bounds_the_whole_call(mode):
     plan = get("cpsat")(problem, time_limit_s=3)
     assert time.perf_counter() - started < 3 + 2
     assert plan.solver.stats["timed_out"] or plan.solver.status == "OPTIMAL"
+
+
+def test_compiled_warm_starts_hold_every_heuristics_eager_plan():
+    """The engine's order is one a compiled graph may run, so every eager heuristic plan is a compiled start."""
+    from schedopt.solvers.common import split_chunks
+    from schedopt.solvers.cpsat.config import CpsatOptions
+    from schedopt.solvers.cpsat.deadline import Deadline
+    from schedopt.solvers.cpsat.warm import warm_starts
+
+    eager = Problem(graph=diamond(), cluster=Cluster.preset("10gbe", world_size=8))
+    compiled = replace(eager, execution="compiled")
+    starts = warm_starts(compiled, CpsatOptions(time_limit_s=5), Deadline(5))
+    assert all(plan.execution == "compiled" for _, plan in starts)
+    for name in SOLVERS:
+        if name != "cpsat":
+            plan = SOLVERS[name](eager, time_limit_s=1)
+            split = tuple(split_chunks(eager.graph, plan.buckets))  # kept instead when no slower
+            same = [t for t, start in starts if start.order == plan.order and start.buckets in (plan.buckets, split)]
+            assert same and min(same) <= simulate(compiled, plan).iteration_s * (1 + 1e-12), name
+    best_eager = min(SOLVERS[name](eager, time_limit_s=1).predicted.iteration_s for name in SOLVERS)
+    assert get("cpsat")(compiled, time_limit_s=5).predicted.iteration_s <= best_eager * (1 + 1e-9)
