@@ -10,12 +10,14 @@ What it does (as root; everything it creates is removed however it exits):
    (``--nnodes 2``), one node per namespace.
 2. ``schedopt calibrate`` on that link: the cluster JSON.
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
-   profiling at once (as they compute at once when training); again before
-   each round (unless ``--no-reprofile``): this host's compute speed drifts
-   by several percent over minutes (the rounds' profiles in
-   ``predicted_rounds_s`` show by how much), so each round is predicted from its own profile
-   and a row's prediction is its median round's. The plans are made once,
-   from the first profile.
+   profiling at once (as they compute at once when training). The plans are
+   made from this profile. Again (3 iterations) just before every run of
+   step 5, unless ``--no-reprofile``: this host's compute speed drifts by
+   up to tens of percent within minutes (the spread of a row's
+   ``predicted_runs_s`` shows it), so each run is predicted from the profile
+   taken next to it, as the link is calibrated before it; a row's
+   prediction is the median of its runs' (``predicted_runs_s``; the
+   planning profile's in ``predicted_planning_s``).
 4. ``schedopt compare --execution eager`` with every solver for the
    calibrated cluster (for a mode named with ``-slack``, e.g.
    ``overlap-slack``: its bandwidth divided by 1 + ``--plan-margin``, so that
@@ -36,7 +38,7 @@ What it does (as root; everything it creates is removed however it exits):
 
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
-``predicted_s`` (``predicted_rounds_s``: each round's; ``predicted_planning_s``:
+``predicted_s`` (``predicted_runs_s``: each run's; ``predicted_planning_s``:
 from the profile the plans were made with), ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
@@ -191,11 +193,11 @@ def schedopt_cli(*args: str, timeout_s: float, env: dict[str, str] | None = None
     return done.stdout
 
 
-def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float) -> None:
+def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, iterations: int = 5) -> None:
     """Profile on both cores at once, one thread each (as the two ranks compute)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "schedopt", "profile", model, "-o", str(out.with_suffix(f".{k}.json")),
-                               "--iterations", "5", *batch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               "--iterations", str(iterations), *batch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=_pinned(k))
              for k in range(2)]
     try:
@@ -207,7 +209,8 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float) -
     for p, (stdout, stderr) in zip(procs, outputs):
         if p.returncode != 0:
             raise TestbedError(f"schedopt profile failed: {stderr.strip().splitlines()[-1:]}")
-    print(outputs[0][0].strip().splitlines()[-1])
+    if iterations >= 5:
+        print(outputs[0][0].strip().splitlines()[-1])
     shutil.copy(out.with_suffix(".0.json"), out)
 
 
@@ -327,14 +330,13 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
     waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
     phases: dict[str, list[list[float]]] = {m: [] for m in modes}  # rank 0's forward, backward, optimizer
-    graphs: list = []  # each round's own profile: the machine's speed drifts over minutes
+    graphs: dict[str, list] = {m: [] for m in modes}  # the profile taken just before each run of the mode
     for round_ in range(args.rounds):
-        if args.reprofile:
-            round_graph = work / f"graph.round{round_}.json"
-            profile_both(args.model, round_graph, batch=batch, timeout_s=min(600, left()))
-            graphs.append(TrainGraph.load(round_graph))
-            print(f"  round {round_} profiled compute {sum(op.duration_s for op in graphs[-1].ops.values()) * 1e3:.0f} ms")
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
+            if args.reprofile:  # this host's compute speed drifts by tens of percent within minutes
+                run_graph = work / f"graph.{mode}.{round_}.json"
+                profile_both(args.model, run_graph, batch=batch, timeout_s=min(600, left()), iterations=3)
+                graphs[mode].append(TrainGraph.load(run_graph))
             out = work / f"{mode}.{round_}.json"
             torch_ddp = mode in ("ddp", "compiled-ddp")
             env = {} if torch_ddp else {"SCHEDOPT_PLAN": str(plan_of[mode])}
@@ -346,10 +348,12 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             steps[mode].append(measured["step_s"])
             waits[mode] += measured.get("rank0_wait_s", [])
             phases[mode] += measured.get("rank0_phases_s", [])
-            print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms")
+            t = graphs[mode][-1].totals if args.reprofile else None
+            profiled = f" (profiled {(t.forward_s + t.backward_s + t.optimizer_s) * 1e3:.0f} ms)" if args.reprofile else ""
+            print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms{profiled}")
     # 6. rows
     bound = statistics.median(lower_bound(Problem(graph=g, cluster=cluster, mode="overlap"))  # max(compute, comm)
-                              for g in graphs or [graph])
+                              for g in [g for gs in graphs.values() for g in gs] or [graph])
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
@@ -357,8 +361,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         def simulated(g: TrainGraph):
             return simulate(Problem(graph=g, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
         planned = simulated(graph)
-        # the prediction: of each round's profile when re-profiled (the median round), else the planning one
-        per_round = sorted((simulated(g) for g in graphs), key=lambda t: t.iteration_s)
+        # the prediction: from the profile before each run when re-profiled (the median run's), else the planning one
+        per_round = sorted((simulated(g) for g in graphs[mode]), key=lambda t: t.iteration_s)
         timeline = per_round[len(per_round) // 2] if per_round else planned
         flat = [t for run_ in steps[mode] for t in run_]
 
@@ -370,7 +374,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
             "measured_max_s": max(flat), "num_steps": len(flat),
             "predicted_s": timeline.iteration_s, "predicted_planning_s": planned.iteration_s,
-            "predicted_rounds_s": [t.iteration_s for t in per_round], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
+            "predicted_runs_s": [t.iteration_s for t in per_round], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
