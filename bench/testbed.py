@@ -12,12 +12,11 @@ What it does (as root; everything it creates is removed however it exits):
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
    profiling at once (as they compute at once when training). The plans are
    made from this profile. Again (3 iterations) just before every run of
-   step 5, unless ``--no-reprofile``: this host's compute speed drifts by
-   up to tens of percent within minutes (the spread of a row's
-   ``predicted_runs_s`` shows it), so each run is predicted from the profile
-   taken next to it, as the link is calibrated before it; a row's
-   prediction is the median of its runs' (``predicted_runs_s``; the
-   planning profile's in ``predicted_planning_s``).
+   step 5, unless ``--no-reprofile``: this host's compute speed moves by
+   tens of percent within minutes and from one run to the next, so the
+   predictions use every op's median over all these profiles, sampled
+   through the bench as the runs are (``predicted_planning_s``: from the
+   planning profile alone; ``profiled_s``: each profile's step, in run order).
 4. ``schedopt compare --execution eager`` with every solver for the
    calibrated cluster (for a mode named with ``-slack``, e.g.
    ``overlap-slack``: its bandwidth divided by 1 + ``--plan-margin``, so that
@@ -38,8 +37,7 @@ What it does (as root; everything it creates is removed however it exits):
 
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
-``predicted_s`` (``predicted_runs_s``: each run's; ``predicted_planning_s``:
-from the profile the plans were made with), ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
+``predicted_s`` (``predicted_planning_s``: from the profile the plans were made with), ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
 overlap and osp modes the forward's measured and predicted waits per step,
@@ -330,13 +328,13 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     steps: dict[str, list[list[float]]] = {m: [] for m in modes}
     waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
     phases: dict[str, list[list[float]]] = {m: [] for m in modes}  # rank 0's forward, backward, optimizer
-    graphs: dict[str, list] = {m: [] for m in modes}  # the profile taken just before each run of the mode
+    profiles: list = []  # the profile taken just before each run
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
-            if args.reprofile:  # this host's compute speed drifts by tens of percent within minutes
+            if args.reprofile:  # this host's compute speed moves by tens of percent within minutes
                 run_graph = work / f"graph.{mode}.{round_}.json"
                 profile_both(args.model, run_graph, batch=batch, timeout_s=min(600, left()), iterations=3)
-                graphs[mode].append(TrainGraph.load(run_graph))
+                profiles.append(TrainGraph.load(run_graph))
             out = work / f"{mode}.{round_}.json"
             torch_ddp = mode in ("ddp", "compiled-ddp")
             env = {} if torch_ddp else {"SCHEDOPT_PLAN": str(plan_of[mode])}
@@ -348,22 +346,18 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             steps[mode].append(measured["step_s"])
             waits[mode] += measured.get("rank0_wait_s", [])
             phases[mode] += measured.get("rank0_phases_s", [])
-            t = graphs[mode][-1].totals if args.reprofile else None
-            profiled = f" (profiled {(t.forward_s + t.backward_s + t.optimizer_s) * 1e3:.0f} ms)" if args.reprofile else ""
+            profiled = f" (profiled {_step_s(profiles[-1]) * 1e3:.0f} ms)" if args.reprofile else ""
             print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms{profiled}")
     # 6. rows
-    bound = statistics.median(lower_bound(Problem(graph=g, cluster=cluster, mode="overlap"))  # max(compute, comm)
-                              for g in [g for gs in graphs.values() for g in gs] or [graph])
+    pooled = _pooled(profiles) if profiles else graph
+    bound = lower_bound(Problem(graph=pooled, cluster=cluster, mode="overlap"))  # max(compute, comm)
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
 
         def simulated(g: TrainGraph):
             return simulate(Problem(graph=g, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
-        planned = simulated(graph)
-        # the prediction: from the profile before each run when re-profiled (the median run's), else the planning one
-        per_round = sorted((simulated(g) for g in graphs[mode]), key=lambda t: t.iteration_s)
-        timeline = per_round[len(per_round) // 2] if per_round else planned
+        timeline = simulated(pooled)
         flat = [t for run_ in steps[mode] for t in run_]
 
         def speedup(other: str) -> float:  # median over rounds of the other's round median over this mode's
@@ -373,8 +367,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
             "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
             "measured_max_s": max(flat), "num_steps": len(flat),
-            "predicted_s": timeline.iteration_s, "predicted_planning_s": planned.iteration_s,
-            "predicted_runs_s": [t.iteration_s for t in per_round], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
+            "predicted_s": timeline.iteration_s, "predicted_planning_s": simulated(graph).iteration_s,
+            "profiled_s": [_step_s(g) for g in profiles], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
@@ -387,6 +381,18 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
+
+
+def _step_s(graph) -> float:
+    """The profiled one-rank step: every op's time, summed."""
+    return sum(op.duration_s for op in graph.ops.values())
+
+
+def _pooled(profiles: list):
+    """One graph whose every op takes its median time over ``profiles`` (the same model's)."""
+    first = profiles[0]
+    return first.with_durations({op_id: statistics.median(g.ops[op_id].duration_s for g in profiles)
+                                 for op_id in first.ops})
 
 
 def _phases(timeline) -> list[float]:
