@@ -30,13 +30,17 @@ What it does (as root; everything it creates is removed however it exits):
    ``barrier`` plan in schedopt's compiled runtime; ``compiled``: the best
    ``--execution compiled`` barrier plan (free op order) in the compiled
    runtime), each run ``--steps`` measured steps
-   after warm-up (``examples/train.py``, start to start). A step's time is the
-   slower rank's. Medians over every measured step, and the median over
-   rounds of DDP's round median over the mode's (the speedup; ``speedup_vs``:
-   the same against every other mode).
+   after warm-up (``examples/train.py``, start to start). A run's figure is
+   its period, the slower rank's mean step (what throughput is: in overlap
+   mode the ranks drift a step's jitter apart and back, so the slower rank's
+   time *per step* takes the long half of each pair and overstates it by up
+   to 12% here); a row's is the median over its runs, and the speedup the
+   median over rounds of DDP's period over the mode's (``speedup_vs``: the
+   same against every other mode).
 
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
-``solver``, ``measured_median_s``, ``measured_min_s``, ``measured_max_s``,
+``solver``, ``measured_s`` (the median period; ``measured_runs_s``: each run's),
+``step_median_s``, ``step_min_s``, ``step_max_s`` (the slower rank's steps),
 ``predicted_s`` (``predicted_planning_s``: from the profile the plans were made with), ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
@@ -325,7 +329,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     for mode, same in COMPILED_RUNS.items():
         plan_of[mode] = plan_of[same]
     # 5. interleaved runs
-    steps: dict[str, list[list[float]]] = {m: [] for m in modes}
+    steps: dict[str, list[list[float]]] = {m: [] for m in modes}  # the slowest rank's time per step, per run
+    periods: dict[str, list[float]] = {m: [] for m in modes}  # the slowest rank's mean step, per run
     waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
     phases: dict[str, list[list[float]]] = {m: [] for m in modes}  # rank 0's forward, backward, optimizer
     profiles: list = []  # the profile taken just before each run
@@ -344,10 +349,11 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
             measured = json.loads(out.read_text())
             steps[mode].append(measured["step_s"])
+            periods[mode].append(measured["period_s"])
             waits[mode] += measured.get("rank0_wait_s", [])
             phases[mode] += measured.get("rank0_phases_s", [])
             profiled = f" (profiled {_step_s(profiles[-1]) * 1e3:.0f} ms)" if args.reprofile else ""
-            print(f"  round {round_} {mode:13s} median {statistics.median(steps[mode][-1]) * 1e3:.1f} ms{profiled}")
+            print(f"  round {round_} {mode:13s} {periods[mode][-1] * 1e3:.1f} ms per step{profiled}")
     # 6. rows
     pooled = _pooled(profiles) if profiles else graph
     bound = lower_bound(Problem(graph=pooled, cluster=cluster, mode="overlap"))  # max(compute, comm)
@@ -360,13 +366,14 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         timeline = simulated(pooled)
         flat = [t for run_ in steps[mode] for t in run_]
 
-        def speedup(other: str) -> float:  # median over rounds of the other's round median over this mode's
-            return statistics.median(statistics.median(o) / statistics.median(m)
-                                     for o, m in zip(steps[other], steps[mode]))
+        def speedup(other: str) -> float:  # median over rounds of the other's period over this mode's
+            return statistics.median(o / m for o, m in zip(periods[other], periods[mode]))
+        measured_s = statistics.median(periods[mode])
         rows.append({
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
-            "measured_median_s": statistics.median(flat), "measured_min_s": min(flat),
-            "measured_max_s": max(flat), "num_steps": len(flat),
+            "measured_s": measured_s, "measured_runs_s": periods[mode],
+            "step_median_s": statistics.median(flat), "step_min_s": min(flat),
+            "step_max_s": max(flat), "num_steps": len(flat),
             "predicted_s": timeline.iteration_s, "predicted_planning_s": simulated(graph).iteration_s,
             "profiled_s": [_step_s(g) for g in profiles], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
@@ -377,7 +384,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "execution": plan.execution,
             "measured_phases_s": [statistics.median(p) for p in zip(*phases[mode])] if phases[mode] else None,
             "predicted_phases_s": _phases(timeline),
-            "prediction_error": (timeline.iteration_s - statistics.median(flat)) / statistics.median(flat),
+            "prediction_error": (timeline.iteration_s - measured_s) / measured_s,
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
@@ -420,12 +427,13 @@ def _steady_waits(timeline) -> float:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'mode':13s} {'solver':14s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'predicted':>10s} " \
+    head = f"{'mode':16s} {'solver':12s} {'ms/step':>8s} {'runs':>17s} {'predicted':>10s} " \
            f"{'error':>7s} {'compute':>8s} {'comm':>8s} {'bound':>8s} {'speedup':>8s}"
     print(head)
     for r in rows:
-        print(f"{r['mode']:13s} {r['solver']:14s} {r['measured_median_s'] * 1e3:10.1f} {r['measured_min_s'] * 1e3:8.1f} "
-              f"{r['measured_max_s'] * 1e3:8.1f} {r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
+        runs = "/".join(f"{t * 1e3:.0f}" for t in r["measured_runs_s"])
+        print(f"{r['mode']:16s} {r['solver']:12s} {r['measured_s'] * 1e3:8.1f} {runs:>17s} "
+              f"{r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
               f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
               f"{r['speedup_vs_ddp']:8.3f}")
     for r in rows:

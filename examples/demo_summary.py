@@ -26,12 +26,12 @@ def main(argv: list[str]) -> int:
         plan = Plan.load(plan_path)
         run = json.loads(open(run_path).read())
         predicted = simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode), plan).iteration_s
-        rows.append((run["kind"], plan.solver.name, run["median_s"], predicted, len(run["step_s"])))
+        rows.append((run["kind"], plan.solver.name, run["period_s"], predicted, len(run["step_s"])))
     ddp_s = rows[0][2]
     print(f"{'run':9s} {'plan':12s} {'measured':>10s} {'predicted':>10s} {'error':>7s} {'vs ddp':>7s}")
     for kind, solver, measured, predicted, steps in rows:
         print(f"{kind:9s} {solver:12s} {measured * 1e3:8.1f}ms {predicted * 1e3:8.1f}ms "
-              f"{(predicted - measured) / measured:+7.1%} {ddp_s / measured:6.3f}x   (median of {steps} steps)")
+              f"{(predicted - measured) / measured:+7.1%} {ddp_s / measured:6.3f}x   (mean of {steps} steps)")
     print(f"{cluster.describe()}; measured on this machine, 2 gloo ranks on localhost")
     return 0
 
