@@ -240,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reprofile", dest="reprofile", action="store_false",
                         help="predict every round from the planning profile (default: profile again before each round)")
     parser.add_argument("--pin", action="store_true", help="pin rank k to CPU k (see PIN; slower here)")
+    parser.add_argument("--recompute", nargs="+", metavar="DIR",
+                        help="run nothing: print the periods and speedups of the runs kept in each DIR "
+                             "(--keep, or bench/results/runs/*)")
     args = parser.parse_args(argv)
+    if args.recompute:
+        return recompute(args.recompute)
     global PIN
     PIN = args.pin
 
@@ -349,7 +354,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
             measured = json.loads(out.read_text())
             steps[mode].append(measured["step_s"])
-            periods[mode].append(measured["period_s"])
+            periods[mode].append(run_period(measured))
             waits[mode] += measured.get("rank0_wait_s", [])
             phases[mode] += measured.get("rank0_phases_s", [])
             profiled = f" (profiled {_step_s(profiles[-1]) * 1e3:.0f} ms)" if args.reprofile else ""
@@ -366,8 +371,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         timeline = simulated(pooled)
         flat = [t for run_ in steps[mode] for t in run_]
 
-        def speedup(other: str) -> float:  # median over rounds of the other's period over this mode's
-            return statistics.median(o / m for o, m in zip(periods[other], periods[mode]))
+        def speedup(other: str) -> float:
+            return round_ratio(periods[other], periods[mode])
         measured_s = statistics.median(periods[mode])
         rows.append({
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
@@ -388,6 +393,43 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
+
+
+def run_period(measured: dict) -> float:
+    """A run's period from its ``examples/train.py --json``: the slower rank's mean step."""
+    return max(sum(ts) / len(ts) for ts in measured["rank_step_s"])
+
+
+def round_ratio(other: list[float], mine: list[float]) -> float:
+    """The speedup over ``other``: the median over rounds of its period over mine."""
+    return statistics.median(o / m for o, m in zip(other, mine))
+
+
+def recompute(dirs: list[str]) -> int:
+    """Print each mode's periods and speedups from the runs kept in ``dirs`` (``MODE.ROUND.json``)."""
+    for directory in dirs:
+        runs: dict[str, dict[int, dict]] = {}
+        for path in sorted(Path(directory).glob("*.json")):
+            mode, _, round_ = path.stem.rpartition(".")
+            if (mode in MODES or mode.removesuffix(SLACK) in MODES) and round_.isdigit():
+                runs.setdefault(mode, {})[int(round_)] = json.loads(path.read_text())
+        if "ddp" not in runs:
+            print(f"testbed: {directory} holds no ddp runs (MODE.ROUND.json from examples/train.py --json)",
+                  file=sys.stderr)
+            return 2
+        print(directory)
+        rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
+        periods = {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
+        per_step = {m: [statistics.median(runs[m][k]["step_s"]) for k in rounds] for m in runs}
+        for mode in sorted(runs, key=lambda m: (m != "ddp", m)):
+            print(f"  {mode:16s} {statistics.median(periods[mode]) * 1e3:7.1f} ms per step "
+                  f"(runs {'/'.join(f'{t * 1e3:.0f}' for t in periods[mode])}), "
+                  f"{round_ratio(periods['ddp'], periods[mode]):.3f}x DDP; by the slower rank's median step "
+                  f"{statistics.median(per_step[mode]) * 1e3:.1f} ms, {round_ratio(per_step['ddp'], per_step[mode]):.3f}x")
+            if len(runs) > 2 and mode != "ddp":
+                print("    " + ", ".join(f"{round_ratio(periods[o], periods[mode]):.3f}x {o}" for o in runs
+                                         if o not in ("ddp", mode)))
+    return 0
 
 
 def _step_s(graph) -> float:
