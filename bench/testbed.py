@@ -406,7 +406,11 @@ def round_ratio(other: list[float], mine: list[float]) -> float:
 
 
 def recompute(dirs: list[str]) -> int:
-    """Print each mode's periods and speedups from the runs kept in ``dirs`` (``MODE.ROUND.json``)."""
+    """Print each mode's periods and speedups from the runs kept in ``dirs`` (``MODE.ROUND.json``).
+
+    Beside each, the prediction of the bench's rows when they are found (``DIR.json``, or
+    ``bench/results/NAME.json`` for ``bench/results/runs/NAME``).
+    """
     for directory in dirs:
         runs: dict[str, dict[int, dict]] = {}
         for path in sorted(Path(directory).glob("*.json")):
@@ -417,14 +421,20 @@ def recompute(dirs: list[str]) -> int:
             print(f"testbed: {directory} holds no ddp runs (MODE.ROUND.json from examples/train.py --json)",
                   file=sys.stderr)
             return 2
+        here = Path(directory)
+        found = [f for f in (here.with_suffix(".json"), here.parent.parent / f"{here.name}.json") if f.is_file()]
+        predicted = {r["mode"]: r for r in json.loads(found[0].read_text())["rows"]} if found else {}
         print(directory)
         rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
         periods = {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
         per_step = {m: [statistics.median(runs[m][k]["step_s"]) for k in rounds] for m in runs}
         for mode in sorted(runs, key=lambda m: (m != "ddp", m)):
-            print(f"  {mode:16s} {statistics.median(periods[mode]) * 1e3:7.1f} ms per step "
-                  f"(runs {'/'.join(f'{t * 1e3:.0f}' for t in periods[mode])}), "
-                  f"{round_ratio(periods['ddp'], periods[mode]):.3f}x DDP; by the slower rank's median step "
+            measured = statistics.median(periods[mode])
+            row = predicted.get(mode)
+            against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
+                       f"({(row['predicted_s'] - measured) / measured:+.1%})" if row else "")
+            print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {'/'.join(f'{t * 1e3:.0f}' for t in periods[mode])}), "
+                  f"{round_ratio(periods['ddp'], periods[mode]):.3f}x DDP{against}; by the slower rank's median step "
                   f"{statistics.median(per_step[mode]) * 1e3:.1f} ms, {round_ratio(per_step['ddp'], per_step[mode]):.3f}x")
             if len(runs) > 2 and mode != "ddp":
                 print("    " + ", ".join(f"{round_ratio(periods[o], periods[mode]):.3f}x {o}" for o in runs
