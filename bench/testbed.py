@@ -47,7 +47,8 @@ simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 overlap and osp modes the forward's measured and predicted waits per step,
 ``measured_phases_s`` (rank 0's forward, backward and optimizer, medians) beside
 ``predicted_phases_s`` (the simulated forward, backward and the rest), and the
-calibration.
+calibration; and every run's step times in ``runs/NAME/MODE.ROUND.json`` beside
+``NAME.json``, which ``--recompute`` reads.
 
     sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 550mbit \
         --modes ddp,barrier,overlap --json tb.json
@@ -268,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         rows = run(args, link, modes, work, deadline=started + args.time_limit)
+        runs = {path.name: _trimmed(path) for path in sorted(work.glob("*.json"))
+                if path.stem.rpartition(".")[0] in modes and path.stem.rpartition(".")[2].isdigit()}
     except TestbedError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
@@ -281,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     if args.json:
         write_result(args.json, rows, vars(args))
+        # every run's step times beside it, for --recompute
+        runs_dir = Path(args.json).parent / "runs" / Path(args.json).stem
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in runs.items():
+            (runs_dir / name).write_text(text)
     print(f"testbed: {time.monotonic() - started:.0f} s")
     return 0
 
@@ -393,6 +401,16 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
+
+
+#: What ``--json`` keeps of each run's ``examples/train.py --json`` (in ``runs/NAME/`` beside the rows).
+RUN_FIELDS = ("kind", "model", "plan", "world_size", "period_s", "step_s", "rank_step_s", "median_s", "rank0_phases_s",
+              "rank0_wait_s")
+
+
+def _trimmed(path: Path) -> str:
+    measured = json.loads(path.read_text())
+    return json.dumps({k: measured[k] for k in RUN_FIELDS if k in measured}, separators=(",", ":")) + "\n"
 
 
 def run_period(measured: dict) -> float:
