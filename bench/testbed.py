@@ -41,7 +41,8 @@ What it does (as root; everything it creates is removed however it exits):
 Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``solver``, ``measured_s`` (the median period; ``measured_runs_s``: each run's),
 ``step_median_s``, ``step_min_s``, ``step_max_s`` (the slower rank's steps),
-``predicted_s`` (``predicted_planning_s``: from the profile the plans were made with), ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
+``predicted_s`` (``predicted_planning_s``: from the profile the plans were made with),
+``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
 overlap and osp modes the forward's measured and predicted waits per step,
@@ -196,8 +197,9 @@ def schedopt_cli(*args: str, timeout_s: float, env: dict[str, str] | None = None
     return done.stdout
 
 
-def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, iterations: int = 5) -> None:
-    """Profile on both cores at once, one thread each (as the two ranks compute)."""
+def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, iterations: int = 5,
+                 report: bool = True) -> None:
+    """Profile on both cores at once, one thread each (as the two ranks compute); ``report``: print rank 0's summary."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "schedopt", "profile", model, "-o", str(out.with_suffix(f".{k}.json")),
                                "--iterations", str(iterations), *batch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -212,7 +214,7 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, i
     for p, (stdout, stderr) in zip(procs, outputs):
         if p.returncode != 0:
             raise TestbedError(f"schedopt profile failed: {stderr.strip().splitlines()[-1:]}")
-    if iterations >= 5:
+    if report:
         print(outputs[0][0].strip().splitlines()[-1])
     shutil.copy(out.with_suffix(".0.json"), out)
 
@@ -239,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     parser.add_argument("--keep", help="keep the work files (graph, cluster, plans, logs) in this directory")
     parser.add_argument("--no-reprofile", dest="reprofile", action="store_false",
-                        help="predict every round from the planning profile (default: profile again before each round)")
+                        help="predict from the planning profile alone (default: profile again before every run "
+                             "and predict from every op's median over those profiles)")
     parser.add_argument("--pin", action="store_true", help="pin rank k to CPU k (see PIN; slower here)")
     parser.add_argument("--recompute", nargs="+", metavar="DIR",
                         help="run nothing: print the periods and speedups of the runs kept in each DIR "
@@ -269,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         rows = run(args, link, modes, work, deadline=started + args.time_limit)
-        runs = {path.name: _trimmed(path) for path in sorted(work.glob("*.json"))
-                if path.stem.rpartition(".")[0] in modes and path.stem.rpartition(".")[2].isdigit()}
+        runs = {path.name: _trimmed(path) for _, _, path in _run_files(work)}
     except TestbedError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
@@ -351,7 +353,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             if args.reprofile:  # this host's compute speed moves by tens of percent within minutes
                 run_graph = work / f"graph.{mode}.{round_}.json"
-                profile_both(args.model, run_graph, batch=batch, timeout_s=min(600, left()), iterations=3)
+                profile_both(args.model, run_graph, batch=batch, timeout_s=min(600, left()), iterations=3,
+                             report=False)
                 profiles.append(TrainGraph.load(run_graph))
             out = work / f"{mode}.{round_}.json"
             torch_ddp = mode in ("ddp", "compiled-ddp")
@@ -379,8 +382,6 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         timeline = simulated(pooled)
         flat = [t for run_ in steps[mode] for t in run_]
 
-        def speedup(other: str) -> float:
-            return round_ratio(periods[other], periods[mode])
         measured_s = statistics.median(periods[mode])
         rows.append({
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
@@ -392,8 +393,8 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
-            "speedup_vs_ddp": speedup("ddp"),
-            "speedup_vs": {other: speedup(other) for other in modes if other != mode},
+            "speedup_vs_ddp": round_ratio(periods["ddp"], periods[mode]),
+            "speedup_vs": {other: round_ratio(periods[other], periods[mode]) for other in modes if other != mode},
             "execution": plan.execution,
             "measured_phases_s": [statistics.median(p) for p in zip(*phases[mode])] if phases[mode] else None,
             "predicted_phases_s": _phases(timeline),
@@ -406,6 +407,16 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
 #: What ``--json`` keeps of each run's ``examples/train.py --json`` (in ``runs/NAME/`` beside the rows).
 RUN_FIELDS = ("kind", "model", "plan", "world_size", "period_s", "step_s", "rank_step_s", "median_s", "rank0_phases_s",
               "rank0_wait_s")
+
+
+def _run_files(directory: Path) -> list[tuple[str, int, Path]]:
+    """``(mode, round, path)`` of each run's ``examples/train.py --json`` in ``directory`` (``MODE.ROUND.json``)."""
+    found = []
+    for path in sorted(directory.glob("*.json")):
+        mode, _, round_ = path.stem.rpartition(".")
+        if (mode in MODES or mode.removesuffix(SLACK) in MODES) and round_.isdigit():
+            found.append((mode, int(round_), path))
+    return found
 
 
 def _trimmed(path: Path) -> str:
@@ -431,10 +442,8 @@ def recompute(dirs: list[str]) -> int:
     """
     for directory in dirs:
         runs: dict[str, dict[int, dict]] = {}
-        for path in sorted(Path(directory).glob("*.json")):
-            mode, _, round_ = path.stem.rpartition(".")
-            if (mode in MODES or mode.removesuffix(SLACK) in MODES) and round_.isdigit():
-                runs.setdefault(mode, {})[int(round_)] = json.loads(path.read_text())
+        for mode, round_, path in _run_files(Path(directory)):
+            runs.setdefault(mode, {})[round_] = json.loads(path.read_text())
         if "ddp" not in runs:
             print(f"testbed: {directory} holds no ddp runs (MODE.ROUND.json from examples/train.py --json)",
                   file=sys.stderr)
@@ -451,9 +460,11 @@ def recompute(dirs: list[str]) -> int:
             row = predicted.get(mode)
             against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
                        f"({(row['predicted_s'] - measured) / measured:+.1%})" if row else "")
-            print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {'/'.join(f'{t * 1e3:.0f}' for t in periods[mode])}), "
+            each = "/".join(f"{t * 1e3:.0f}" for t in periods[mode])
+            print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {each}), "
                   f"{round_ratio(periods['ddp'], periods[mode]):.3f}x DDP{against}; by the slower rank's median step "
-                  f"{statistics.median(per_step[mode]) * 1e3:.1f} ms, {round_ratio(per_step['ddp'], per_step[mode]):.3f}x")
+                  f"{statistics.median(per_step[mode]) * 1e3:.1f} ms, "
+                  f"{round_ratio(per_step['ddp'], per_step[mode]):.3f}x")
             if len(runs) > 2 and mode != "ddp":
                 print("    " + ", ".join(f"{round_ratio(periods[o], periods[mode]):.3f}x {o}" for o in runs
                                          if o not in ("ddp", mode)))
@@ -515,7 +526,8 @@ def print_table(rows: list[dict]) -> None:
                   f"(median, rank 0; predicted {r['predicted_wait_s'] * 1e3:.1f} ms)")
     for r in rows:
         if r.get("measured_phases_s"):
-            measured, predicted = (" / ".join(f"{t * 1e3:.0f}" for t in r[k]) for k in ("measured_phases_s", "predicted_phases_s"))
+            measured, predicted = (" / ".join(f"{t * 1e3:.0f}" for t in r[k])
+                                   for k in ("measured_phases_s", "predicted_phases_s"))
             print(f"{r['mode']}: forward / backward / optimizer {measured} ms (rank 0, medians); simulated forward / "
                   f"backward / rest {predicted} ms")
 

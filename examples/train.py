@@ -24,9 +24,11 @@ slowest rank's measured time over its number of steps, which is what throughput 
 rank's time per step (``step_s`` in ``--json``) overstates it where the ranks are loosely coupled:
 in overlap mode they drift a step's jitter apart and back, rank 0's step long where rank 1's is
 short, so the per-step maximum takes the long one of each pair (ResNet-18 on the testbed: a
-period of 826 ms, a median per-step maximum of 923; bench/results/testbed_resnet18_550mbit_compiled_run3.json). (``--json`` writes the steps of every rank; rank 0's forward, backward and optimizer times per step, by the host's
-clock (on CUDA: until the host returned, not until the kernels ran); and in overlap and osp modes how
-long rank 0's forward waited for the network in each step).
+period of 826 ms, a median per-step maximum of 923;
+``bench/results/testbed_resnet18_550mbit_compiled_run3.json``). ``--json`` writes the steps of
+every rank; rank 0's forward, backward and optimizer times per step, by the host's clock (on CUDA:
+until the host returned, not until the kernels ran); and in overlap and osp modes how long rank
+0's forward waited for the network in each step.
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
 """
 
@@ -162,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 Path(args.json).write_text(json.dumps({
                     "kind": kind, "model": args.model, "plan": plan, "world_size": world,
-                    "period_s": period, "step_s": slowest, "rank_step_s": gathered, "median_s": median, "rank0_wait_s": waits,
-                    "rank0_settles": settles, "rank0_phases_s": phases, "rank0_step_marks_s": marks, "rank0_transfers": transfers,
+                    "period_s": period, "step_s": slowest, "rank_step_s": gathered, "median_s": median,
+                    "rank0_wait_s": waits, "rank0_settles": settles, "rank0_phases_s": phases,
+                    "rank0_step_marks_s": marks, "rank0_transfers": transfers,
                 }, indent=1))
     except SchedoptError as exc:
         print(f"train.py: rank {rank}: {exc}", file=sys.stderr)

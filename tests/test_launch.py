@@ -111,3 +111,29 @@ def test_testbed_refuses_without_root_and_bad_modes(monkeypatch, capsys):
     assert "--modes" in capsys.readouterr().err
     assert testbed.main(["--modes", "ddp,compiled-slack"]) == 2  # slack is for the eager modes
     assert "--modes" in capsys.readouterr().err
+
+
+def test_testbed_recompute_measures_runs_by_their_period(tmp_path, capsys):
+    """Two ranks alternating long and short steps: the period is their mean, the per-step maximum more."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import testbed
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    runs = tmp_path / "tb"
+    runs.mkdir()
+    for k in range(2):
+        ddp = [[1.0, 1.0], [1.0, 1.0]]
+        overlap = [[0.6, 1.0], [1.0, 0.6]]  # out of phase: each step's slower rank took 1.0
+        for mode, ranks in (("ddp", ddp), ("overlap", overlap), ("graph", ddp)):  # graph.K.json: not a run
+            (runs / f"{mode}.{k}.json").write_text(json.dumps(
+                {"rank_step_s": ranks, "step_s": [max(s) for s in zip(*ranks)]}))
+    rows = [{"mode": "overlap", "solver": "cpsat", "predicted_s": 0.7}]
+    (tmp_path / "tb.json").write_text(json.dumps({"rows": rows}))
+    assert testbed.run_period({"rank_step_s": [[0.6, 1.0], [1.0, 0.6]]}) == 0.8
+    assert testbed.recompute([str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "overlap" in out and "800.0 ms per step (runs 800/800), 1.250x DDP; cpsat, predicted 700.0 (-12.5%)" in out
+    assert "slower rank's median step 1000.0 ms, 1.000x" in out and "graph" not in out
+    assert testbed.recompute([str(tmp_path)]) == 2  # no runs there
+    assert "holds no ddp runs" in capsys.readouterr().err

@@ -42,7 +42,7 @@ def reorder(graph: fx.Graph, ids: Mapping[fx.Node, str], position: Mapping[str, 
     """
     rank = {node: position[op] for node, op in ids.items()}
     nodes = [n for n in graph.nodes if n.op not in ("placeholder", "output")]
-    position = {n: i for i, n in enumerate(nodes)}
+    index = {n: i for i, n in enumerate(nodes)}  # the graph's own order breaks ties
     priority: dict[fx.Node, float] = {}
     for node in reversed(nodes):  # step 2, users first
         if node in rank:
@@ -54,8 +54,8 @@ def reorder(graph: fx.Graph, ids: Mapping[fx.Node, str], position: Mapping[str, 
         if math.isnan(priority[node]):
             inputs = [priority[i] for i in node.all_input_nodes if i in priority]
             priority[node] = max(inputs) if inputs else -math.inf
-    waiting = {n: sum(1 for i in n.all_input_nodes if i in position) for n in nodes}
-    ready = [(priority[n], position[n], n) for n in nodes if waiting[n] == 0]
+    waiting = {n: sum(1 for i in n.all_input_nodes if i in index) for n in nodes}
+    ready = [(priority[n], index[n], n) for n in nodes if waiting[n] == 0]
     heapq.heapify(ready)
     schedule: list[fx.Node] = []
     while ready:  # step 3
@@ -65,7 +65,7 @@ def reorder(graph: fx.Graph, ids: Mapping[fx.Node, str], position: Mapping[str, 
             if user in waiting:
                 waiting[user] -= 1
                 if waiting[user] == 0:
-                    heapq.heappush(ready, (priority[user], position[user], user))
+                    heapq.heappush(ready, (priority[user], index[user], user))
     assert len(schedule) == len(nodes), "an FX graph is acyclic"
     output = next(n for n in graph.nodes if n.op == "output")
     for node in schedule:  # each moved to just before the output: the schedule's order, after the placeholders
