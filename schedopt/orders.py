@@ -9,14 +9,26 @@ gradient finishes. :func:`engine_order` reproduces that on a
 
 With a recorded ``graph.grad_order`` (the torch importers run the real
 ``backward()`` under fake tensors and record the hooks), the order is exact
-for what the runtime sees:
+for what the runtime sees and keeps the engine's timing:
 
 1. Forward ops run in source order (the program's order).
-2. Each backward op gets a *deadline*: the earliest position in
-   ``grad_order`` of a gradient it feeds (itself or a descendant finishes
-   it). Backward ops run by deadline, then source order (the traced engine
-   order), subject to dependencies. A recorded order that no op order can
-   produce cannot occur: a gradient whose op feeds another's is ready first.
+2. Backward ops run in source order, which for an aten-level import is the
+   order the traced engine ran them in, with one kind of change: the op that
+   finishes a gradient waits until the ops finishing every gradient ahead of
+   it in ``grad_order`` have run (a chain of extra edges, one per pair of
+   consecutive gradient-finishing ops). That moves only the ops that finish
+   gradients, and only past ops of the same autograd node (the importer
+   splits a linear layer's backward into its weight, input and bias parts,
+   which the engine computes in one call and whose hooks fire together in
+   the node's own order). Every other op keeps its traced place: the weight
+   gradient of a tied language-model head (which finishes no gradient
+   itself, only its partial sum) runs where the engine runs it, early in
+   backward, not just before the tied gradient is finished at the end. A
+   recorded order that no op order can produce cannot occur (a gradient
+   whose op feeds another's is ready first); if the chain would close a
+   cycle anyway, each backward op runs by its *deadline* instead (the
+   earliest position in ``grad_order`` of a gradient it feeds), which meets
+   any order but pushes work late.
 3. Optimizer ops run last.
 
 :func:`ready_order` breaks ties between gradients finished by one op (the
@@ -68,13 +80,7 @@ def engine_order(graph: TrainGraph) -> list[str]:
 def _engine_order(graph: TrainGraph) -> list[str]:
     index = graph.index
     if graph.grad_order is not None:
-        deadline = _deadlines(graph)
-
-        def key(op_id: str) -> tuple[int, int, int]:
-            phase = _RANK[graph.ops[op_id].phase]
-            return (phase, deadline[op_id] if phase == 1 else 0, index[op_id])
-
-        return list(nx.lexicographical_topological_sort(graph.dag, key=key))
+        return _recorded_order(graph)
 
     seq: dict[str, int] = {}
     for op_id in topological_order(graph):
@@ -91,6 +97,23 @@ def _engine_order(graph: TrainGraph) -> list[str]:
         return (phase, -seq[op_id] if phase == 1 else 0, index[op_id])
 
     return list(nx.lexicographical_topological_sort(graph.dag, key=estimated_key))
+
+
+def _recorded_order(graph: TrainGraph) -> list[str]:
+    """Source order, with the ops that finish gradients chained in ``grad_order`` (module docstring)."""
+    index = graph.index
+    finishing = list(dict.fromkeys(graph.params[name].grad_op for name in graph.grad_order))
+    chained = graph.dag.copy()
+    chained.add_edges_from(zip(finishing, finishing[1:]))
+
+    def key(op_id: str) -> tuple[int, int]:
+        return (_RANK[graph.ops[op_id].phase], index[op_id])
+
+    if nx.is_directed_acyclic_graph(chained):
+        return list(nx.lexicographical_topological_sort(chained, key=key))
+    deadline = _deadlines(graph)
+    return list(nx.lexicographical_topological_sort(
+        graph.dag, key=lambda op_id: (key(op_id)[0], deadline[op_id] if key(op_id)[0] == 1 else 0, index[op_id])))
 
 
 def _deadlines(graph: TrainGraph) -> dict[str, int]:

@@ -95,6 +95,33 @@ def test_tied_weights_have_one_grad_op_after_accumulation(onnx_dir):
     assert onnx_graph.params_fingerprint == aten.params_fingerprint
 
 
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "tiny_gpt", "tiny_branches", "tiny_resnet", "tiny_bert",
+                                  "tiny_inception", "tiny_vgg"])
+def test_engine_order_fires_the_recorded_hooks_and_keeps_the_traced_timing(name):
+    """The hooks' order holds, and only gradient-finishing ops leave the traced (real engine) order."""
+    from schedopt.orders import engine_order, ready_order
+
+    graph = import_route(name, "aten")
+    order = engine_order(graph)
+    assert ready_order(graph, order) == list(graph.grad_order)
+    finishing = {p.grad_op for p in graph.params.values()}
+    traced = [o for o in graph.ops if graph.ops[o].phase == "backward" and o not in finishing]
+    assert [o for o in order if graph.ops[o].phase == "backward" and o not in finishing] == traced
+
+
+def test_tied_head_weight_gradient_runs_where_the_engine_runs_it():
+    """The head's weight-gradient matmul runs with its node, early; only the tied sum waits for the embedding."""
+    from schedopt.orders import engine_order
+
+    graph = import_route("tiny_gpt", "aten")
+    backward = [o for o in engine_order(graph) if graph.ops[o].phase == "backward"]
+    acc = graph.params["wte.weight"].grad_op
+    head, embedding = sorted(graph.dag.predecessors(acc), key=backward.index)
+    assert graph.ops[head].kind == "aten.mm" and graph.ops[embedding].kind == "aten.embedding_dense_backward"
+    assert backward.index(head) < backward.index(graph.params["h.0.ln_1.weight"].grad_op) < backward.index(embedding)
+    assert backward.index(head) < len(backward) // 4 and backward[-1] == acc
+
 def test_frozen_parameters_and_buffers_are_not_parameters(onnx_dir):
     model, inputs, loss_fn = models.tiny_cnn()
     model.conv1.requires_grad_(False)
