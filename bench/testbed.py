@@ -49,7 +49,9 @@ overlap and osp modes the forward's measured and predicted waits per step,
 ``measured_phases_s`` (rank 0's forward, backward and optimizer, medians) beside
 ``predicted_phases_s`` (the simulated forward, backward and the rest), and the
 calibration; and every run's step times in ``runs/NAME/MODE.ROUND.json`` beside
-``NAME.json``, which ``--recompute`` reads.
+``NAME.json``, with what the predictions came from (the pooled profile, the
+cluster and each mode's plan), which ``--recompute`` reads: it prints the
+periods and speedups again, and each plan predicted by today's simulator.
 
     sudo python bench/testbed.py --model examples/models.py:resnet18 --rate 550mbit \
         --modes ddp,barrier,overlap --json tb.json
@@ -84,6 +86,9 @@ COMPILED_RUNS = {"compiled-ddp": "ddp", "barrier-compiled": "barrier"}
 COMPILED_MODES = (*COMPILED_RUNS, "compiled")
 #: A mode with this suffix is planned on a link ``--plan-margin`` slower than calibrated (slack for jitter).
 SLACK = "-slack"
+#: Kept beside the runs (``runs/NAME/``), so that ``--recompute`` can predict them again: the pooled
+#: profile, the calibrated cluster and each mode's plan (``MODE.plan.json``).
+POOLED, CLUSTER, PLAN = "graph.pooled.json", "cluster.json", ".plan.json"
 
 
 class TestbedError(Exception):
@@ -273,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = run(args, link, modes, work, deadline=started + args.time_limit)
         runs = {path.name: _trimmed(path) for _, _, path in _run_files(work)}
+        runs |= {path.name: path.read_text() for path in [work / POOLED, work / CLUSTER, *work.glob(f"*{PLAN}")]}
     except TestbedError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
@@ -286,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     if args.json:
         write_result(args.json, rows, vars(args))
-        # every run's step times beside it, for --recompute
+        # every run's step times beside it, and what its predictions came from, for --recompute
         runs_dir = Path(args.json).parent / "runs" / Path(args.json).stem
         runs_dir.mkdir(parents=True, exist_ok=True)
         for name, text in runs.items():
@@ -296,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> list[dict]:
-    from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
+    from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound
     from schedopt.problem import DEFERRED_MODES
 
     def left() -> float:
@@ -372,14 +378,13 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             print(f"  round {round_} {mode:13s} {periods[mode][-1] * 1e3:.1f} ms per step{profiled}")
     # 6. rows
     pooled = _pooled(profiles) if profiles else graph
+    pooled.save(work / POOLED)
     bound = lower_bound(Problem(graph=pooled, cluster=cluster, mode="overlap"))  # max(compute, comm)
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
-
-        def simulated(g: TrainGraph):
-            return simulate(Problem(graph=g, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
-        timeline = simulated(pooled)
+        shutil.copy(plan_of[mode], work / f"{mode}{PLAN}")
+        timeline = predict(plan, pooled, cluster)
         flat = [t for run_ in steps[mode] for t in run_]
 
         measured_s = statistics.median(periods[mode])
@@ -388,7 +393,7 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "measured_s": measured_s, "measured_runs_s": periods[mode],
             "step_median_s": statistics.median(flat), "step_min_s": min(flat),
             "step_max_s": max(flat), "num_steps": len(flat),
-            "predicted_s": timeline.iteration_s, "predicted_planning_s": simulated(graph).iteration_s,
+            "predicted_s": timeline.iteration_s, "predicted_planning_s": predict(plan, graph, cluster).iteration_s,
             "profiled_s": [_step_s(g) for g in profiles], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
             "bound_s": bound,
             "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
@@ -402,6 +407,21 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
         })
     return rows
+
+
+def predict(plan, graph, cluster, *, engine: bool = False):
+    """The simulated timeline of ``plan`` on ``graph``; ``engine``: an eager plan on the graph's engine order now.
+
+    ``engine`` is for re-predicting a kept run: the plan's buckets, chunks and stages as they were
+    run, on the order :func:`schedopt.orders.engine_order` gives today (an eager plan runs in the
+    autograd engine's order whatever the plan says; the model of that order can improve).
+    """
+    from schedopt import Problem, simulate
+    from schedopt.orders import engine_order
+
+    if engine and plan.execution == "eager":
+        plan = replace(plan, order=tuple(engine_order(graph)))
+    return simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
 
 
 #: What ``--json`` keeps of each run's ``examples/train.py --json`` (in ``runs/NAME/`` beside the rows).
@@ -438,8 +458,12 @@ def recompute(dirs: list[str]) -> int:
     """Print each mode's periods and speedups from the runs kept in ``dirs`` (``MODE.ROUND.json``).
 
     Beside each, the prediction of the bench's rows when they are found (``DIR.json``, or
-    ``bench/results/NAME.json`` for ``bench/results/runs/NAME``).
+    ``bench/results/NAME.json`` for ``bench/results/runs/NAME``), and where ``DIR`` keeps the
+    pooled profile, the cluster and the mode's plan, the prediction of today's simulator
+    (:func:`predict` with ``engine=True``).
     """
+    from schedopt import Cluster, Plan, TrainGraph
+
     for directory in dirs:
         runs: dict[str, dict[int, dict]] = {}
         for mode, round_, path in _run_files(Path(directory)):
@@ -451,6 +475,8 @@ def recompute(dirs: list[str]) -> int:
         here = Path(directory)
         found = [f for f in (here.with_suffix(".json"), here.parent.parent / f"{here.name}.json") if f.is_file()]
         predicted = {r["mode"]: r for r in json.loads(found[0].read_text())["rows"]} if found else {}
+        inputs = here / POOLED, here / CLUSTER
+        graph, cluster = (TrainGraph.load(inputs[0]), Cluster.load(inputs[1])) if all(map(Path.is_file, inputs)) else (None, None)
         print(directory)
         rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
         periods = {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
@@ -460,6 +486,9 @@ def recompute(dirs: list[str]) -> int:
             row = predicted.get(mode)
             against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
                        f"({(row['predicted_s'] - measured) / measured:+.1%})" if row else "")
+            if graph is not None and (here / f"{mode}{PLAN}").is_file():
+                now = predict(Plan.load(here / f"{mode}{PLAN}"), graph, cluster, engine=True).iteration_s
+                against += f", today {now * 1e3:.1f} ({(now - measured) / measured:+.1%})"
             each = "/".join(f"{t * 1e3:.0f}" for t in periods[mode])
             print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {each}), "
                   f"{round_ratio(periods['ddp'], periods[mode]):.3f}x DDP{against}; by the slower rank's median step "

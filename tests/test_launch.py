@@ -137,3 +137,38 @@ def test_testbed_recompute_measures_runs_by_their_period(tmp_path, capsys):
     assert "slower rank's median step 1000.0 ms, 1.000x" in out and "graph" not in out
     assert testbed.recompute([str(tmp_path)]) == 2  # no runs there
     assert "holds no ddp runs" in capsys.readouterr().err
+
+
+def test_testbed_recompute_predicts_kept_plans_on_todays_engine_order(tmp_path, capsys):
+    """With the pooled profile, cluster and plans kept, --recompute simulates them again, eager ones on
+    the graph's engine order now (a plan recorded in another order is predicted as it runs)."""
+    from dataclasses import replace
+
+    from schedopt import Problem, simulate
+    from schedopt.orders import engine_order
+    from schedopt.solvers import get
+    from schedopt.synthetic import diamond
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import testbed
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    graph, cluster = diamond(), Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=5e-4)
+    plan = get("pytorch-ddp")(Problem(graph=graph, cluster=cluster))
+    engine = engine_order(graph)
+    backward = [o for o in engine if graph.ops[o].phase == "backward"]
+    other = [o for o in engine if o not in backward[-2:]] + backward[-2:][::-1]  # the last two swapped
+    assert other != engine
+    runs = tmp_path / "tb"
+    runs.mkdir()
+    for k in range(2):
+        (runs / f"ddp.{k}.json").write_text(json.dumps({"rank_step_s": [[1.0], [1.0]], "step_s": [1.0]}))
+    graph.save(runs / testbed.POOLED)
+    cluster.save(runs / testbed.CLUSTER)
+    (runs / f"ddp{testbed.PLAN}").write_text(json.dumps(replace(plan, order=tuple(other)).to_json()))
+    (tmp_path / "tb.json").write_text(json.dumps({"rows": [{"mode": "ddp", "solver": "pytorch-ddp",
+                                                             "predicted_s": 0.5}]}))
+    assert testbed.recompute([str(runs)]) == 0
+    today = simulate(Problem(graph=graph, cluster=cluster), plan).iteration_s
+    assert f"predicted 500.0 (-50.0%), today {today * 1e3:.1f} ({today - 1:+.1%})" in capsys.readouterr().out
