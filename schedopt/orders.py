@@ -17,18 +17,18 @@ for what the runtime sees and keeps the engine's timing:
    finishes a gradient waits until the ops finishing every gradient ahead of
    it in ``grad_order`` have run (a chain of extra edges, one per pair of
    consecutive gradient-finishing ops). That moves only the ops that finish
-   gradients, and only past ops of the same autograd node (the importer
-   splits a linear layer's backward into its weight, input and bias parts,
-   which the engine computes in one call and whose hooks fire together in
-   the node's own order). Every other op keeps its traced place: the weight
-   gradient of a tied language-model head (which finishes no gradient
-   itself, only its partial sum) runs where the engine runs it, early in
-   backward, not just before the tied gradient is finished at the end. A
-   recorded order that no op order can produce cannot occur (a gradient
-   whose op feeds another's is ready first); if the chain would close a
-   cycle anyway, each backward op runs by its *deadline* instead (the
-   earliest position in ``grad_order`` of a gradient it feeds), which meets
-   any order but pushes work late.
+   gradients; on the example models only past ops of the same autograd node
+   (the importer splits a linear layer's backward into its weight, input and
+   bias parts, which the engine computes in one call and whose hooks fire
+   together in the node's own order). Every other op keeps its traced place:
+   the weight gradient of a tied language-model head (which finishes no
+   gradient itself, only its partial sum) runs where the engine runs it,
+   early in backward, not just before the tied gradient is finished at the
+   end. The chain closes a cycle only for a recorded order no op order can
+   produce (a gradient whose op feeds another's is ready first), i.e. a
+   graph file edited by hand; then each backward op runs by its *deadline*
+   (the earliest position in ``grad_order`` of a gradient it feeds), which
+   meets every producible order but runs work as late as it allows.
 3. Optimizer ops run last.
 
 :func:`ready_order` breaks ties between gradients finished by one op (the

@@ -78,6 +78,29 @@ def test_engine_order_runs_backward_by_highest_sequence_number():
     assert order[-1] == "optimizer.step"
 
 
+def test_recorded_engine_order_moves_only_gradient_finishing_ops():
+    """Traced: input grad, weight grad, bias grad; hooks: bias, weight. Only the weight's op moves; the
+    head-like op that finishes nothing keeps its early place though its gradient is needed last."""
+    from schedopt import TrainGraph
+
+    from .conftest import op, param
+
+    ops = [op("fwd", "forward", 1, reads=["w", "b", "e"]), op("head", "backward", 5),
+           op("gin", "backward", 1), op("gw", "backward", 1, grads=["w"]), op("gb", "backward", 1, grads=["b"]),
+           op("sum", "backward", 1, grads=["e"]), op("opt", "optimizer", 1, reads=["w", "b", "e"])]
+    edges = [("fwd", "head"), ("fwd", "gin"), ("gin", "gw"), ("gin", "gb"), ("gin", "sum"), ("head", "sum"),
+             ("gw", "opt"), ("gb", "opt"), ("sum", "opt")]
+    params = [param("w", 16, "gw"), param("b", 16, "gb"), param("e", 16, "sum")]
+    graph = TrainGraph(name="node", ops=ops, edges=edges, params=params, grad_order=["b", "w", "e"])
+    assert engine_order(graph) == ["fwd", "head", "gin", "gb", "gw", "sum", "opt"]
+    assert ready_order(graph, engine_order(graph)) == ["b", "w", "e"]
+    # w's gradient feeds b's, so no op order fires b's hook first (a hand-edited file): the deadline
+    # fallback, still a valid order
+    impossible = TrainGraph(name="bad", ops=ops, edges=[*edges, ("gw", "gb")], params=params,
+                            grad_order=["b", "w", "e"])
+    assert engine_order(impossible) == ["fwd", "gin", "gw", "gb", "head", "sum", "opt"]
+
+
 def test_ddp_plan_on_gpt_layout_matches_pytorch_rules():
     graph = transformer_like(12)
     plan = get("pytorch-ddp")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8)))
