@@ -474,7 +474,9 @@ def recompute(dirs: list[str]) -> int:
             return 2
         here = Path(directory)
         found = [f for f in (here.with_suffix(".json"), here.parent.parent / f"{here.name}.json") if f.is_file()]
-        predicted = {r["mode"]: r for r in json.loads(found[0].read_text())["rows"]} if found else {}
+        result = json.loads(found[0].read_text()) if found else {"rows": []}
+        # results written before bench/provenance.py are a bare list of rows
+        predicted = {r["mode"]: r for r in (result["rows"] if isinstance(result, dict) else result)}
         inputs = here / POOLED, here / CLUSTER
         graph, cluster = (TrainGraph.load(inputs[0]), Cluster.load(inputs[1])) if all(map(Path.is_file, inputs)) else (None, None)
         print(directory)

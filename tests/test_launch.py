@@ -135,6 +135,9 @@ def test_testbed_recompute_measures_runs_by_their_period(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "overlap" in out and "800.0 ms per step (runs 800/800), 1.250x DDP; cpsat, predicted 700.0 (-12.5%)" in out
     assert "slower rank's median step 1000.0 ms, 1.000x" in out and "graph" not in out
+    (tmp_path / "tb.json").write_text(json.dumps(rows))  # before bench/provenance.py: a bare list of rows
+    assert testbed.recompute([str(runs)]) == 0
+    assert "cpsat, predicted 700.0 (-12.5%)" in capsys.readouterr().out
     assert testbed.recompute([str(tmp_path)]) == 2  # no runs there
     assert "holds no ddp runs" in capsys.readouterr().err
 
