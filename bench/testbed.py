@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         rows = run(args, link, modes, work, deadline=started + args.time_limit)
-        runs = {path.name: _trimmed(path) for _, _, path in _run_files(work)}
-        runs |= {path.name: path.read_text() for path in [work / POOLED, work / CLUSTER, *work.glob(f"*{PLAN}")]}
+        kept = {path.name: _trimmed(path) for _, _, path in _run_files(work)}
+        kept |= {path.name: path.read_text() for path in [work / POOLED, work / CLUSTER, *work.glob(f"*{PLAN}")]}
     except TestbedError as exc:
         print(f"testbed: {exc}", file=sys.stderr)
         return 1
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         # every run's step times beside it, and what its predictions came from, for --recompute
         runs_dir = Path(args.json).parent / "runs" / Path(args.json).stem
         runs_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in runs.items():
+        for name, text in kept.items():
             (runs_dir / name).write_text(text)
     print(f"testbed: {time.monotonic() - started:.0f} s")
     return 0
@@ -477,8 +477,8 @@ def recompute(dirs: list[str]) -> int:
         result = json.loads(found[0].read_text()) if found else {"rows": []}
         # results written before bench/provenance.py are a bare list of rows
         predicted = {r["mode"]: r for r in (result["rows"] if isinstance(result, dict) else result)}
-        inputs = here / POOLED, here / CLUSTER
-        graph, cluster = (TrainGraph.load(inputs[0]), Cluster.load(inputs[1])) if all(map(Path.is_file, inputs)) else (None, None)
+        graph = TrainGraph.load(here / POOLED) if (here / POOLED).is_file() else None
+        cluster = Cluster.load(here / CLUSTER) if (here / CLUSTER).is_file() else None
         print(directory)
         rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
         periods = {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
@@ -488,7 +488,7 @@ def recompute(dirs: list[str]) -> int:
             row = predicted.get(mode)
             against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
                        f"({(row['predicted_s'] - measured) / measured:+.1%})" if row else "")
-            if graph is not None and (here / f"{mode}{PLAN}").is_file():
+            if graph is not None and cluster is not None and (here / f"{mode}{PLAN}").is_file():
                 now = predict(Plan.load(here / f"{mode}{PLAN}"), graph, cluster, engine=True).iteration_s
                 against += f", today {now * 1e3:.1f} ({(now - measured) / measured:+.1%})"
             each = "/".join(f"{t * 1e3:.0f}" for t in periods[mode])

@@ -78,10 +78,9 @@ def engine_order(graph: TrainGraph) -> list[str]:
 
 
 def _engine_order(graph: TrainGraph) -> list[str]:
-    index = graph.index
     if graph.grad_order is not None:
         return _recorded_order(graph)
-
+    index = graph.index
     seq: dict[str, int] = {}
     for op_id in topological_order(graph):
         op = graph.ops[op_id]
@@ -91,29 +90,28 @@ def _engine_order(graph: TrainGraph) -> list[str]:
         preds = list(graph.dag.predecessors(op_id))
         forward = [index[p] for p in preds if graph.ops[p].phase == "forward"]
         seq[op_id] = max(forward) if forward else max((seq[p] for p in preds), default=-1)
-
-    def estimated_key(op_id: str) -> tuple[int, int, int]:
-        phase = _RANK[graph.ops[op_id].phase]
-        return (phase, -seq[op_id] if phase == 1 else 0, index[op_id])
-
-    return list(nx.lexicographical_topological_sort(graph.dag, key=estimated_key))
+    return _by_phase(graph, graph.dag, lambda op_id: -seq[op_id])
 
 
 def _recorded_order(graph: TrainGraph) -> list[str]:
     """Source order, with the ops that finish gradients chained in ``grad_order`` (module docstring)."""
-    index = graph.index
     finishing = list(dict.fromkeys(graph.params[name].grad_op for name in graph.grad_order))
     chained = graph.dag.copy()
     chained.add_edges_from(zip(finishing, finishing[1:]))
-
-    def key(op_id: str) -> tuple[int, int]:
-        return (_RANK[graph.ops[op_id].phase], index[op_id])
-
     if nx.is_directed_acyclic_graph(chained):
-        return list(nx.lexicographical_topological_sort(chained, key=key))
-    deadline = _deadlines(graph)
-    return list(nx.lexicographical_topological_sort(
-        graph.dag, key=lambda op_id: (key(op_id)[0], deadline[op_id] if key(op_id)[0] == 1 else 0, index[op_id])))
+        return _by_phase(graph, chained)
+    return _by_phase(graph, graph.dag, _deadlines(graph).__getitem__)
+
+
+def _by_phase(graph: TrainGraph, dag: nx.DiGraph, backward_key=lambda op_id: 0) -> list[str]:
+    """A topological order of ``dag``: forward, backward (by ``backward_key``), optimizer; ties by source order."""
+    index = graph.index
+
+    def key(op_id: str) -> tuple[int, int, int]:
+        phase = _RANK[graph.ops[op_id].phase]
+        return (phase, backward_key(op_id) if phase == 1 else 0, index[op_id])
+
+    return list(nx.lexicographical_topological_sort(dag, key=key))
 
 
 def _deadlines(graph: TrainGraph) -> dict[str, int]:

@@ -109,8 +109,8 @@ def _engine_order_plans(problem: Problem, options: CpsatOptions, deadline: Deadl
     eager = replace(problem, execution="eager")
     engine = tuple(engine_order(problem.graph))
     out = []
-    for name, plan in compiled.items():
-        if plan.order == engine:
+    for name, reordered in compiled.items():
+        if reordered.order == engine:
             continue
         plan = SOLVERS[name](eager, seed=options.seed, time_limit_s=deadline.share(options.heuristic_share))
         stamped = Plan.for_problem(problem, order=plan.order, buckets=plan.buckets,
