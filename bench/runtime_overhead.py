@@ -51,8 +51,10 @@ def startup_worker(model_name: str, out: str) -> None:
     from schedopt.runtime import wrap
     from schedopt.solvers import get
 
+    from schedopt.runtime.launch import join_process_group
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    join_process_group("gloo", what="bench/runtime_overhead.py")
     torch.manual_seed(int(os.environ.get(SEED_ENV, "0")))
     model, example, loss_fn = load(model_name, 1)
     graph = from_torch(model, example, loss_fn=loss_fn, name=model_name)
@@ -81,8 +83,10 @@ def worker(model_name: str, steps: int, out: str) -> None:
     from schedopt.runtime import wrap, wrap_optimizer
     from schedopt.solvers import get
 
+    from schedopt.runtime.launch import join_process_group
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    join_process_group("gloo", what="bench/runtime_overhead.py")
     rank, world = dist.get_rank(), dist.get_world_size()
     seed = int(os.environ.get(SEED_ENV, "0"))
     torch.manual_seed(seed)

@@ -95,9 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo")
+    from schedopt.runtime.launch import join_process_group
+
+    try:
+        join_process_group(what="examples/train.py")
+    except SchedoptError as exc:
+        print(f"train.py: {exc}", file=sys.stderr)
+        return 2
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:

@@ -188,15 +188,11 @@ def calibrate_launched(backend: str | None = None, **options: Any) -> Calibratio
 
     ``backend``: ``nccl`` or ``gloo``; by default NCCL with CUDA (one GPU per local rank), else gloo.
     """
-    import os
-
-    import torch
     import torch.distributed as dist
 
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
+    from .launch import join_process_group
+
+    join_process_group(backend, what="schedopt calibrate")
     try:
         result = calibrate_process_group(**options)
         return result if dist.get_rank() == 0 else None

@@ -286,11 +286,9 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    import os
+    from .rendezvous import check_rendezvous_env
 
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        raise SchedoptError("calibrate measures the real process group: run it under torchrun "
-                            "(torchrun --nproc-per-node 2 -m schedopt calibrate -o cluster.json)")
+    check_rendezvous_env(what="schedopt calibrate (it measures the real process group)")
     from .runtime.calibrate import calibrate_launched
 
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),

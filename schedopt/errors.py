@@ -13,6 +13,7 @@ __all__ = [
     "UnusedParameterError",
     "CompileError",
     "UnsupportedOptimizerError",
+    "LaunchError",
     "no_trainable_parameters",
 ]
 
@@ -56,6 +57,10 @@ class CompileError(SchedoptError):
 
 class UnsupportedOptimizerError(SchedoptError, TypeError):
     """An optimizer, or a use of one, that overlap mode cannot defer per bucket (LBFGS, a closure)."""
+
+
+class LaunchError(SchedoptError, RuntimeError):
+    """The environment torchrun sets to join a process group is missing, empty or malformed."""
 
 
 def no_trainable_parameters(name: str) -> str:

@@ -37,7 +37,42 @@ def test_calibrate_fits_a_cluster_on_real_gloo_ranks(tmp_path):
 def test_calibrate_outside_torchrun_says_how_to_run_it(capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     assert main(["calibrate", "-o", "c.json"]) == 2
-    assert "run it under torchrun" in capsys.readouterr().err
+    assert "RANK not set: run schedopt calibrate" in capsys.readouterr().err
+
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("name", ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"])
+def test_calibrate_with_a_torchrun_variable_set_but_empty_is_one_line(capsys, monkeypatch, name):
+    for key, value in {**TORCHRUN_ENV, name: ""}.items():
+        monkeypatch.setenv(key, value)
+    assert main(["calibrate", "-o", "c.json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{name} set but empty" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("changes", "says"), [
+    ({"RANK": "x"}, "RANK='x' is not an integer"), ({"RANK": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"), ({"MASTER_PORT": "70000"}, "not a TCP port"),
+    ({"LOCAL_RANK": " "}, "LOCAL_RANK set but empty"), ({"LOCAL_RANK": "-1"}, "LOCAL_RANK=-1"),
+])
+def test_rendezvous_check_names_the_variable_at_fault(changes, says):
+    from schedopt.errors import LaunchError
+    from schedopt.rendezvous import check_rendezvous_env
+
+    with pytest.raises(LaunchError, match=says.replace("(", r"\(")):
+        check_rendezvous_env({**TORCHRUN_ENV, **changes})
+    assert check_rendezvous_env({**TORCHRUN_ENV, "LOCAL_RANK": "1"}).local_rank == 1
+
+
+def test_train_script_with_an_empty_master_addr_is_one_line():
+    env = {**os.environ, **TORCHRUN_ENV, "MASTER_ADDR": ""}
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "train.py"), "tiny_cnn", "--steps", "1"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "train.py: MASTER_ADDR set but empty: run examples/train.py under torchrun " \
+                                  "(torchrun --nproc-per-node 2 ...)"
 
 
 def test_plan_takes_a_cluster_file_and_an_execution(tmp_path, capsys):
