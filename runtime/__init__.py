@@ -12,6 +12,7 @@ from __future__ import annotations
 from .agreement import check_agreement, plan_hash
 from .compiled import CompiledDataParallel, compile
 from .optimizer import wrap_optimizer
-from .wrapper import PLAN_ENV, ScheduledDataParallel, wrap
+from .replica import PLAN_ENV
+from .wrapper import ScheduledDataParallel, wrap
 
 __all__ = ["PLAN_ENV", "CompiledDataParallel", "ScheduledDataParallel", "compile", "check_agreement", "plan_hash", "wrap", "wrap_optimizer"]

@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from torch import nn
 
-from .records import Settled, StepRequest, wait_all
+from .steps import Settled, StepRequest, wait_all
 from .stale import StaleBucket
 
 if TYPE_CHECKING:
-    from .buckets import BucketLayout
+    from .buffers import GradientBuffers
 
 __all__ = ["DeferredUpdates", "StepRequest", "Settled"]
 
@@ -60,7 +60,7 @@ log = logging.getLogger("schedopt.runtime")
 class _Bucket:
     """A stage-1 bucket: its collectives in flight and the steps requested of it, applied together."""
 
-    def __init__(self, k: int, members: list[tuple[str, nn.Parameter]], layout: "BucketLayout") -> None:
+    def __init__(self, k: int, members: list[tuple[str, nn.Parameter]], layout: "GradientBuffers") -> None:
         self.k = k
         self.members = members
         self.layout = layout
@@ -109,6 +109,8 @@ class _Bucket:
 class DeferredUpdates:
     """The in-flight collectives and requested optimizer steps of every bucket (see the module docstring).
 
+    It is the :class:`~schedopt.runtime.steps.StepQueue` the optimizer driver steps through.
+
     Args:
         module: the wrapped model; a forward pre-hook goes on each module owning a planned parameter.
         params: the trainable parameters by name (the plan's names).
@@ -117,17 +119,17 @@ class DeferredUpdates:
         lgp: osp's stage 2 reads its weights corrected by the local gradient (False: one step stale).
     """
 
-    def __init__(self, module: nn.Module, params: dict[str, nn.Parameter], layout: "BucketLayout", *,
+    def __init__(self, module: nn.Module, params: dict[str, nn.Parameter], layout: "GradientBuffers", *,
                  lgp: bool = True) -> None:
         self.layout = layout
-        self.bucket_of = layout.bucket_of
+        self._bucket_of_name = layout.bucket_of
         members: list[list[tuple[str, nn.Parameter]]] = [[] for _ in layout.buffers]
         for name, param in params.items():
-            members[self.bucket_of[name]].append((name, param))
+            members[self._bucket_of_name[name]].append((name, param))
         self.buckets: list[_Bucket | StaleBucket] = [
             StaleBucket(k, m, layout, lgp=lgp) if layout.stages[k] == 2 else _Bucket(k, m, layout)
             for k, m in enumerate(members)]
-        self.by_param_id = {id(p): self.bucket_of[name] for name, p in params.items()}
+        self.by_param_id = {id(p): self._bucket_of_name[name] for name, p in params.items()}
         self.unused: set[str] = set()  # parameters no rank used in the last synchronized backward
         #: every settle since the last forward began, in order (tests read it)
         self.settled: list[Settled] = []
@@ -154,7 +156,7 @@ class DeferredUpdates:
 
     def before_write(self, name: str) -> None:
         """The backward is about to write ``name``'s gradient into its bucket's buffer: free that buffer."""
-        self.settled += self.buckets[self.bucket_of[name]].before_write()
+        self.settled += self.buckets[self._bucket_of_name[name]].before_write()
 
     def forward_began(self) -> None:
         self.settled = []
@@ -171,7 +173,10 @@ class DeferredUpdates:
                         "a parameter read outside its own module is read before its update (use barrier mode)",
                         ", ".join(names))
 
-    # ------------------------------------------------------------ what the optimizer asks
+    # ------------------------------------------------------------ what the optimizer asks (a StepQueue)
+
+    def bucket_of(self, param: Any) -> int | None:
+        return self.by_param_id.get(id(param))
 
     def generation(self, k: int) -> int:
         return self.buckets[k].generation

@@ -34,8 +34,8 @@ from torch import nn
 
 from schedopt.errors import UnsupportedOptimizerError
 
-from .deferred import DeferredUpdates
-from .records import StepRequest
+from .steps import StepQueue, StepRequest
+from .wrapper import ScheduledDataParallel
 
 __all__ = ["wrap_optimizer", "OptimizerDriver"]
 
@@ -59,8 +59,8 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.
         >>> model = wrap(model, "overlap.plan.json")                  # doctest: +SKIP
         >>> opt = wrap_optimizer(torch.optim.AdamW(model.parameters()), model)  # doctest: +SKIP
     """
-    deferred = getattr(model, "deferred", None)
-    if deferred is None:
+    queue = model.step_queue if isinstance(model, ScheduledDataParallel) else None
+    if queue is None:
         return optimizer
     if isinstance(optimizer, REFUSED) or not isinstance(optimizer, torch.optim.Optimizer):
         raise UnsupportedOptimizerError(
@@ -72,16 +72,20 @@ def wrap_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> torch.
     if not type(optimizer).__module__.startswith("torch.optim"):
         log.warning("schedopt: %s is stepped per bucket; its update of a parameter must read only that "
                     "parameter's gradient and state", type(optimizer).__name__)
-    optimizer._schedopt_driver = OptimizerDriver(optimizer, deferred)  # type: ignore[attr-defined]
+    optimizer._schedopt_driver = OptimizerDriver(optimizer, queue)  # type: ignore[attr-defined]
     return optimizer
 
 
 class OptimizerDriver:
-    """Installs the deferring ``step``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` on one optimizer."""
+    """Installs the deferring ``step``, ``zero_grad``, ``state_dict`` and ``load_state_dict`` on one optimizer.
 
-    def __init__(self, optimizer: torch.optim.Optimizer, deferred: DeferredUpdates) -> None:
+    It talks to the buckets only through ``queue`` (:class:`~schedopt.runtime.steps.StepQueue`) and is the
+    :class:`~schedopt.runtime.steps.StepApplier` their settles call back.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, queue: StepQueue) -> None:
         self.optimizer = optimizer
-        self.deferred = deferred
+        self.queue = queue
         self._step = optimizer.step  # bound; an LR scheduler's wrapper when one was made before
         self._zero_grad = optimizer.zero_grad
         self._state_dict = optimizer.state_dict
@@ -97,22 +101,22 @@ class OptimizerDriver:
         def zero_grad(opt: torch.optim.Optimizer, set_to_none: bool = True) -> None:
             self._zero_grad(set_to_none=set_to_none)
             for k in self._buckets():
-                self._zeroed[k] = deferred.generation(k)
+                self._zeroed[k] = queue.generation(k)
 
         def state_dict(opt: torch.optim.Optimizer) -> dict[str, Any]:
-            deferred.flush()
+            queue.flush()
             return self._state_dict()
 
         def load_state_dict(opt: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-            deferred.flush()
+            queue.flush()
             self._load_state_dict(state)
 
         for fn in (step, zero_grad, state_dict, load_state_dict):
             setattr(optimizer, fn.__name__, MethodType(fn, optimizer))
 
     def _buckets(self) -> set[int]:
-        of = self.deferred.by_param_id
-        return {of[id(p)] for group in self.optimizer.param_groups for p in group["params"] if id(p) in of}
+        ks = {self.queue.bucket_of(p) for group in self.optimizer.param_groups for p in group["params"]}
+        return {k for k in ks if k is not None}
 
     def request_step(self, closure: Callable[[], Any] | None) -> None:
         """``optimizer.step()``: a request per bucket with a new average, the other parameters at once."""
@@ -125,12 +129,11 @@ class OptimizerDriver:
         request = StepRequest(driver=self, hyper=hyper)
         fresh = set()
         for k in self._buckets():
-            if self.deferred.generation(k) > self._zeroed.get(k, 0):
-                self.deferred.request(k, request)
+            if self.queue.generation(k) > self._zeroed.get(k, 0):
+                self.queue.request(k, request)
                 fresh.add(k)
-        of = self.deferred.by_param_id
         now = [(p, None) for group in self.optimizer.param_groups for p in group["params"]
-               if of.get(id(p)) not in fresh and p.grad is not None]
+               if self.queue.bucket_of(p) not in fresh and p.grad is not None]
         if now:
             self.apply(now, None)
 

@@ -8,7 +8,7 @@ optimizer step with gradient ``g``, state ``s`` and the hyperparameters ``h``
 of its ``optimizer.step()`` call:
 
 1. Step k's backward all-reduces the bucket as in ``overlap`` mode, into one
-   of two buffers (:meth:`~schedopt.runtime.buckets.BucketLayout.flip`), and
+   of two buffers (:meth:`~schedopt.runtime.buffers.GradientBuffers.flip`), and
    nothing waits for it in step k+1.
 2. Step k's ``optimizer.step()`` records ``h_k`` and a copy of this rank's
    local gradient ``l_k`` (what ``.grad`` holds, see
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .records import Settled, StepRequest, wait_all
+from .steps import Settled, StepRequest, wait_all
 
 if TYPE_CHECKING:
-    from .buckets import BucketLayout
+    from .buffers import GradientBuffers
 
 __all__ = ["StaleBucket"]
 
@@ -77,7 +77,7 @@ class StaleBucket:
         lgp: apply the local-gradient correction (False: read the committed weights, one step stale).
     """
 
-    def __init__(self, k: int, members: list[tuple[str, nn.Parameter]], layout: "BucketLayout", *,
+    def __init__(self, k: int, members: list[tuple[str, nn.Parameter]], layout: "GradientBuffers", *,
                  lgp: bool = True) -> None:
         self.k = k
         self.members = members

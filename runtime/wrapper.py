@@ -42,20 +42,17 @@ from torch import nn
 
 from schedopt.errors import InvalidPlanError, UnusedParameterError
 from schedopt.plan import Plan
-from schedopt.problem import DEFERRED_MODES
 
-from .agreement import check_agreement
-from .broadcast import BufferBroadcast, broadcast_states
-from .buckets import BucketLayout
-from .channel import FifoChannel
+from .buffers import GradientBuffers
 from .deferred import DeferredUpdates
+from .modes import DeferredSync, SyncMode, sync_mode
+from .replica import PLAN_ENV, Replica, resolve_plan
+from .steps import StepQueue
 
-__all__ = ["ScheduledDataParallel", "wrap", "resolve_plan", "PLAN_ENV"]
+__all__ = ["ScheduledDataParallel", "wrap"]
 
 log = logging.getLogger("schedopt.runtime")
 
-#: The environment variable that names the plan ``wrap`` applies when given none.
-PLAN_ENV = "SCHEDOPT_PLAN"
 #: The modes ``wrap`` runs.
 MODES = ("barrier", "overlap", "osp")
 
@@ -97,15 +94,6 @@ def wrap(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, *
                                  find_unused_parameters=find_unused_parameters, lgp=lgp)
 
 
-def resolve_plan(plan: Plan | str | os.PathLike[str] | None) -> Plan | None:
-    """Return ``plan`` loaded if it is a path; with None, the plan ``$SCHEDOPT_PLAN`` names, or None."""
-    if plan is None:
-        plan = os.environ.get(PLAN_ENV) or None
-    if plan is None or isinstance(plan, Plan):
-        return plan
-    return Plan.load(plan)
-
-
 class ScheduledDataParallel(nn.Module):
     """A module that synchronizes gradients as ``plan`` says (see the module docstring).
 
@@ -123,33 +111,19 @@ class ScheduledDataParallel(nn.Module):
             )
         if plan.mode not in MODES:
             raise InvalidPlanError(f"wrap applies {' and '.join(MODES)} plans; this plan is in {plan.mode} mode")
-        if not dist.is_initialized():
-            raise InvalidPlanError("wrap needs torch.distributed initialized (torchrun, init_process_group)")
+        replica = Replica.join(module, plan, process_group, who="wrap")
         self.module = module
         self.plan = plan
         self.process_group = process_group
         self.find_unused_parameters = find_unused_parameters
         self.require_backward_grad_sync = True
-        self.world_size = dist.get_world_size(process_group)
+        self.world_size = replica.world_size
         self.collective_log: list[tuple[int, int, int]] = []
-        from schedopt.importers.pytorch import trainable_parameters
-
-        check_agreement(plan, module, process_group)
-        self._params = trainable_parameters(module)
-        self._buffers_to_sync = [b.detach() for b in module.buffers()]
-        broadcast_states([p.detach() for p in module.parameters()] + self._buffers_to_sync, process_group)
-        self.layout = BucketLayout(plan, self._params)
-        #: overlap and osp modes' in-flight collectives and pending steps (None in barrier mode)
-        self.deferred: DeferredUpdates | None = None
-        self._buffer_broadcast: BufferBroadcast | None = None
-        #: gloo in overlap and osp modes: the channel the gradient collectives take, one at a time
-        self.channel: FifoChannel | None = None
-        if plan.mode in DEFERRED_MODES:
-            self.deferred = DeferredUpdates(module, self._params, self.layout, lgp=lgp)
-            if dist.get_backend(process_group) == "gloo" and self.world_size > 1:
-                self.channel = FifoChannel(process_group)  # gloo runs collectives side by side
-            if self._buffers_to_sync and self.world_size > 1:
-                self._buffer_broadcast = BufferBroadcast(self._buffers_to_sync, process_group)
+        self._params = replica.params
+        self.gradient_buffers = GradientBuffers(plan, self._params)
+        #: the mode's strategy (:mod:`~schedopt.runtime.modes`), chosen once
+        self.sync: SyncMode = sync_mode(plan, replica, self.gradient_buffers, lgp=lgp)
+        if self.sync.steps is not None:
             module.register_state_dict_pre_hook(lambda *_: self.flush())
             # a pending update applied after a load would move the loaded weights: apply it first
             module.register_load_state_dict_pre_hook(lambda *_: self.flush())
@@ -161,15 +135,23 @@ class ScheduledDataParallel(nn.Module):
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(name))
                        for name, p in self._params.items()]
 
+    @property
+    def step_queue(self) -> StepQueue | None:
+        """The buckets' deferred steps :func:`~schedopt.runtime.wrap_optimizer` drives (None in barrier mode)."""
+        return self.sync.steps
+
+    @property
+    def deferred(self) -> DeferredUpdates | None:
+        """Overlap and osp modes: the in-flight collectives, pending steps and settle records (read-only use)."""
+        return self.sync.updates if isinstance(self.sync, DeferredSync) else None
+
     # ------------------------------------------------------------ user API
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self.deferred is not None:
-            return self._overlap_forward(*args, **kwargs)
-        if self._buffers_to_sync and self.world_size > 1:
-            broadcast_states(self._buffers_to_sync, self.process_group)
-        self._arm()
-        return self.module(*args, **kwargs)
+        def run() -> Any:
+            self._arm()
+            return self.module(*args, **kwargs)
+        return self.sync.forward(run)
 
     def flush(self) -> None:
         """Overlap mode: finish every collective and apply every pending optimizer step (barrier: nothing to do).
@@ -178,10 +160,7 @@ class ScheduledDataParallel(nn.Module):
         ``state_dict()`` flush first; call it before reading parameters
         directly or tearing the process group down after the last step.
         """
-        if self.deferred is not None:
-            self.deferred.flush()
-            if self._buffer_broadcast is not None:
-                self._buffer_broadcast.wait()
+        self.sync.flush()
 
     def train(self, mode: bool = True) -> "ScheduledDataParallel":
         self.flush()
@@ -204,24 +183,10 @@ class ScheduledDataParallel(nn.Module):
         self._spent = False
         self._reset_step()
 
-    def _overlap_forward(self, *args: Any, **kwargs: Any) -> Any:
-        deferred = self.deferred
-        assert deferred is not None
-        deferred.forward_began()
-        if self._buffer_broadcast is not None:
-            self._buffer_broadcast.finish()  # rank 0's buffers as the last forward left them
-        self._arm()
-        out = self.module(*args, **kwargs)  # each module's pre-hook settles its buckets
-        deferred.forward_ended()
-        if self._buffer_broadcast is not None:
-            self._buffer_broadcast.start()
-        return out
-
     def _reset_step(self) -> None:
         self._ready: set[str] = set()
-        self._remaining = [len(c.params) for c in self.layout.collectives]
+        self._remaining = [len(c.params) for c in self.gradient_buffers.collectives]
         self._next = 0
-        self._works: list[Any] = []
         self._events: dict[str, Any] = {}
         self._finalizer_queued = False
 
@@ -241,9 +206,8 @@ class ScheduledDataParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         if name in self._ready:
             raise RuntimeError(f"the gradient of {name} became ready twice in one synchronized backward")
-        if self.deferred is not None:
-            self.deferred.before_write(name)
-        view = self.layout.views[name]
+        self.sync.before_write(name)
+        view = self.gradient_buffers.views[name]
         if grad is None:
             view.zero_()
         else:
@@ -255,27 +219,21 @@ class ScheduledDataParallel(nn.Module):
             event.record()
             self._events[name] = event
         self._ready.add(name)
-        for c in self.layout.gates[name]:
+        for c in self.gradient_buffers.gates[name]:
             self._remaining[c] -= 1
         self._issue_ready()
 
     def _issue_ready(self) -> None:
-        collectives = self.layout.collectives
+        collectives = self.gradient_buffers.collectives
         while self._next < len(collectives) and self._remaining[self._next] == 0:
             c = self._next
             if self._cuda:
                 stream = torch.cuda.current_stream()
                 for name in collectives[c].params:
                     stream.wait_event(self._events[name])
-            if self.channel is not None:
-                work = self.channel.all_reduce(self.layout.slice(c))
-            else:
-                work = dist.all_reduce(self.layout.slice(c), group=self.process_group, async_op=True)
-            if self.deferred is None:
-                self._works.append(work)
-            else:
-                last = c + 1 == len(collectives) or collectives[c + 1].bucket != collectives[c].bucket
-                self.deferred.issued(collectives[c].bucket, work, last_chunk=last)
+            work = self.sync.all_reduce(self.gradient_buffers.slice(c))
+            last = c + 1 == len(collectives) or collectives[c + 1].bucket != collectives[c].bucket
+            self.sync.issued(collectives[c].bucket, work, last_chunk=last)
             self.collective_log.append((collectives[c].bucket, collectives[c].chunk, collectives[c].numel))
             self._next += 1
             if c == 0:
@@ -291,29 +249,16 @@ class ScheduledDataParallel(nn.Module):
                 f"parameter(s) {', '.join(missing[:5])}{more} got no gradient in this step; pass "
                 "find_unused_parameters=True to wrap, or freeze them with requires_grad_(False)"
             )
-        globally_used = None
+        unused: set[str] = set()
         if self.find_unused_parameters:
             for name in missing:  # zeros in their slices, so the collectives can go
                 self._gradient_ready(name, None)
-            used = torch.tensor([name in self._ready and name not in missing for name in self._params],
+            used = torch.tensor([name not in missing for name in self._params],
                                 dtype=torch.int32, device=next(iter(self._params.values())).device)
             dist.all_reduce(used, group=self.process_group)
-            globally_used = dict(zip(self._params, used.tolist()))
-        assert self._next == len(self.layout.collectives), "every collective is issued once all gradients are in"
-        if self.deferred is not None:  # overlap: the collectives stay in flight
-            self.deferred.unused = {n for n, used in (globally_used or {}).items() if not used}
-            return
-        for work in self._works:
-            work.wait()
-        for name, param in self._params.items():
-            if globally_used is not None and not globally_used[name]:
-                continue  # nobody used it: DDP leaves its .grad alone
-            view = self.layout.views[name]
-            if param.grad is None:
-                param.grad = view.clone()
-            else:
-                param.grad.copy_(view)
-        self._works = []
+            unused = {name for name, count in zip(self._params, used.tolist()) if not count}
+        assert self._next == len(self.gradient_buffers.collectives), "every collective is issued once all gradients are in"
+        self.sync.finish_backward(unused)
 
 
 def _flush_at_exit(wrapped: ScheduledDataParallel) -> None:
@@ -322,7 +267,7 @@ def _flush_at_exit(wrapped: ScheduledDataParallel) -> None:
 
     def flush() -> None:
         model = ref()
-        if model is None or model.deferred is None or not model.deferred.pending:
+        if model is None or not model.sync.pending:
             return
         if dist.is_initialized():
             model.flush()

@@ -4,8 +4,8 @@ A plan is data. ``buckets`` is in collective order: every rank issues bucket
 k's collective (or its chunks, in order) before bucket k+1's. A bucket's
 parameters are laid out in its flat buffer in the order listed; with
 ``chunks = c`` the buffer is cut into c nearly equal slices of whole elements,
-and a chunk is issued once every gradient that overlaps it is ready and the
-previous chunk was issued.
+and a chunk is issued once every gradient it covers is ready and the previous
+chunk was issued (the layout: :mod:`schedopt.layout`).
 
 ``execution`` says how the order is run (:mod:`schedopt.problem`): an
 ``eager`` plan's order is the autograd engine's, which is what eager PyTorch
@@ -46,7 +46,6 @@ __all__ = [
     "Prediction",
     "Plan",
     "validate",
-    "chunk_bounds",
 ]
 
 PLAN_SCHEMA = "schedopt.plan/3"
@@ -310,16 +309,6 @@ class Plan:
 
     def with_prediction(self, predicted: Prediction) -> Plan:
         return replace(self, predicted=predicted)
-
-
-def chunk_bounds(numel: int, chunks: int) -> list[tuple[int, int]]:
-    """Return the ``[start, end)`` element ranges of ``chunks`` nearly equal slices of ``numel`` elements.
-
-    Example:
-        >>> chunk_bounds(10, 3)
-        [(0, 3), (3, 6), (6, 10)]
-    """
-    return [(numel * j // chunks, numel * (j + 1) // chunks) for j in range(chunks)]
 
 
 def validate(plan: Plan, graph: TrainGraph) -> None:

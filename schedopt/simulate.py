@@ -42,7 +42,8 @@ from typing import Literal, Mapping
 
 from .cluster import Cluster
 from .graph import TrainGraph
-from .plan import Plan, Prediction, chunk_bounds, validate
+from .layout import Collective, graph_layout
+from .plan import Plan, Prediction, validate
 from .problem import Problem
 from .steady import Machine, StepProgram, run_steady_state
 
@@ -130,14 +131,8 @@ class Timeline:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Chunk:
-    """One collective call: a slice of a bucket's flat buffer and the gradients it overlaps."""
-
-    bucket: int
-    chunk: int
-    nbytes: int
-    params: tuple[str, ...]
+#: One collective call of a plan (:class:`schedopt.layout.Collective`): a slice of a bucket's buffer.
+Chunk = Collective
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,25 +144,8 @@ class ChunkTiming:
 
 
 def chunk_layout(graph: TrainGraph, plan: Plan) -> list[Chunk]:
-    """Return the collective calls of ``plan`` in issue order.
-
-    Parameters lie in their bucket's flat buffer in the listed order; a chunk
-    overlaps a parameter when their element ranges intersect (an empty
-    parameter counts as part of its bucket's first chunk).
-    """
-    layout: list[Chunk] = []
-    for k, bucket in enumerate(plan.buckets):
-        params = [graph.params[name] for name in bucket.params]
-        spans = []
-        offset = 0
-        for p in params:
-            spans.append((offset, offset + p.numel))
-            offset += p.numel
-        itemsize = params[0].itemsize
-        for j, (lo, hi) in enumerate(chunk_bounds(offset, bucket.chunks)):
-            members = tuple(p.name for p, (a, b) in zip(params, spans) if (a < hi and b > lo) or (a == b and j == 0))
-            layout.append(Chunk(bucket=k, chunk=j, nbytes=(hi - lo) * itemsize, params=members))
-    return layout
+    """Return the collective calls of ``plan`` in issue order (the one layout, :mod:`schedopt.layout`)."""
+    return list(graph_layout(graph, plan.buckets).collectives)
 
 
 def comm_schedule(

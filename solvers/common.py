@@ -7,7 +7,8 @@ from typing import Sequence
 
 from schedopt.errors import SolverError
 from schedopt.graph import TrainGraph
-from schedopt.plan import Bucket, chunk_bounds
+from schedopt.layout import graph_layout
+from schedopt.plan import Bucket
 
 __all__ = ["GradGroup", "bucket_first_order", "compute_end_times", "first_readers", "grad_groups",
            "require_positive", "split_chunks"]
@@ -104,7 +105,7 @@ def require_positive(**values: float) -> None:
 def split_chunks(graph: TrainGraph, buckets: Sequence[Bucket]) -> list[Bucket]:
     """Return ``buckets`` with every chunked bucket cut into one-chunk buckets at parameter boundaries.
 
-    A parameter goes with the chunk its first element lies in. Under the simulator's cost (one
+    A parameter goes with the first chunk that covers it (:mod:`schedopt.layout`). Under the simulator's cost (one
     FIFO channel, ``fixed + bytes x seconds_per_byte`` per call) that is never slower: the calls
     are the same or fewer, a chunk that gains a parameter's tail already waited for that
     parameter, the next one loses as many bytes as it gains, so no call ends later than before;
@@ -115,19 +116,15 @@ def split_chunks(graph: TrainGraph, buckets: Sequence[Bucket]) -> list[Bucket]:
     1.4e-9 s, one parameter's share of the optimizer; property-tested). ``cpsat`` has no chunks
     and keeps a split warm start only when it simulates no slower.
     """
+    layout = graph_layout(graph, buckets)
+    first = {name: c for c, coll in reversed(list(enumerate(layout.collectives))) for name in coll.params}
     out: list[Bucket] = []
     for bucket in buckets:
         if bucket.chunks == 1:
             out.append(bucket)
             continue
-        numel = sum(graph.params[n].numel for n in bucket.params)
-        bounds = chunk_bounds(numel, bucket.chunks)
-        pieces: list[list[str]] = [[] for _ in bounds]
-        offset, j = 0, 0
+        pieces: dict[int, list[str]] = {}
         for name in bucket.params:
-            while j + 1 < len(bounds) and offset >= bounds[j][1]:
-                j += 1
-            pieces[j].append(name)
-            offset += graph.params[name].numel
-        out += [Bucket(params=tuple(piece)) for piece in pieces if piece]
+            pieces.setdefault(first[name], []).append(name)
+        out += [Bucket(params=tuple(pieces[c])) for c in sorted(pieces)]
     return out

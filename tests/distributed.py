@@ -1,7 +1,20 @@
-"""Run a function on N gloo ranks in spawned processes, with a timeout so that a hang fails fast."""
+"""Run a function on N gloo ranks in spawned processes, with a timeout so that a hang fails fast.
+
+Spawning a rank costs seconds (a fresh interpreter importing torch and
+joining a gloo group), more than most checks run, so the ranks of each world
+size are kept: a :class:`RankPool` spawns them once per test process, joins
+them in one gloo group, and runs one task after another on them. A task
+leaves nothing behind that the next one sees: the environment is restored,
+torch.compile's caches are reset, and a pool whose task failed, hung or
+timed out is torn down and spawned afresh for the next task (a failing rank
+may have left the group mid-collective). ``run_ranks(..., fresh=True)`` runs
+on ranks of their own, for a task that must be the first thing its process
+does.
+"""
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import queue
@@ -10,6 +23,8 @@ import time
 import traceback
 from typing import Any, Callable
 
+__all__ = ["RankError", "run_ranks", "free_port"]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -17,8 +32,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(target: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, kwargs: dict,
-           results) -> None:
+def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
+    """A pool rank: join the group, then run tasks until told to stop (None)."""
     import torch
     import torch.distributed as dist
 
@@ -26,12 +41,22 @@ def _entry(target: Callable[..., Any], rank: int, world_size: int, port: int, ar
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        results.put((rank, "ok", target(rank, world_size, *args, **kwargs)))
     except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails with it
         results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        return
+    while (task := tasks.get()) is not None:
+        target, args, kwargs = task
+        environ = dict(os.environ)
+        try:
+            results.put((rank, "ok", target(rank, world_size, *args, **kwargs)))
+        except BaseException as exc:  # noqa: BLE001
+            results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
+        finally:
+            os.environ.clear()
+            os.environ.update(environ)
+            torch._dynamo.reset()  # no recompile limit carried from one task's models to the next
+            torch.set_num_threads(1)
+    dist.destroy_process_group()
 
 
 class RankError(AssertionError):
@@ -43,44 +68,88 @@ class RankError(AssertionError):
         super().__init__(f"ranks {sorted(errors)} raised:\n{details}")
 
 
+class RankPool:
+    """``world_size`` spawned gloo ranks that run tasks one after another (see the module docstring)."""
+
+    def __init__(self, world_size: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.world_size = world_size
+        self.results = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
+        port = free_port()
+        self.procs = [ctx.Process(target=_serve, args=(rank, world_size, port, self.tasks[rank], self.results),
+                                  daemon=True) for rank in range(world_size)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, target: Callable[..., Any], args: tuple, kwargs: dict, timeout_s: float) -> dict[int, tuple]:
+        """Run ``target`` on every rank; return ``rank -> (status, value)`` of the ranks that answered in time."""
+        for q in self.tasks:
+            q.put((target, args, kwargs))
+        deadline = time.monotonic() + timeout_s
+        got: dict[int, tuple[str, Any]] = {}
+        while len(got) < self.world_size:
+            try:
+                rank, status, value = self.results.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            got[rank] = (status, value)
+            if status == "error":  # the others may wait for it in a collective: give them a moment
+                deadline = min(deadline, time.monotonic() + 15)
+        return got
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def close(self, *, kill: bool = False) -> None:
+        if not kill:
+            for q in self.tasks:
+                q.put(None)
+        for p in self.procs:
+            p.join(timeout=0 if kill else 5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+
+
+_POOLS: dict[int, RankPool] = {}
+#: What spawning a pool may take on top of a task's timeout (interpreters importing torch, the rendezvous).
+STARTUP_S = 30.0
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
 def run_ranks(target: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 90.0,
-              **kwargs: Any) -> list[Any]:
-    """Return ``[target(rank, world_size, *args, **kwargs) for each rank]``, each run in its own process.
+              fresh: bool = False, **kwargs: Any) -> list[Any]:
+    """Return ``[target(rank, world_size, *args, **kwargs) for each rank]``, each rank its own process.
+
+    ``target`` must be importable by the spawned ranks (a module-level function). With ``fresh``,
+    the ranks are spawned for this call alone.
 
     Raises:
         RankError: some rank raised (all ranks are waited for, or killed at the deadline).
         TimeoutError: a rank neither returned nor raised within ``timeout_s`` (a hang).
     """
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_entry, args=(target, rank, world_size, port, args, kwargs, results), daemon=True)
-             for rank in range(world_size)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout_s
-    got: dict[int, tuple[str, Any]] = {}
-    try:
-        while len(got) < world_size:
-            try:
-                rank, status, value = results.get(timeout=max(deadline - time.monotonic(), 0.01))
-            except queue.Empty:
-                raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(got))} did not finish within "
-                                   f"{timeout_s} s") from None
-            got[rank] = (status, value)
-            if status == "error":  # the others may wait for it in a collective: give them a moment
-                deadline = min(deadline, time.monotonic() + 15)
-    except TimeoutError:
-        errors = {r: v for r, (s, v) in got.items() if s == "error"}
-        if errors:
-            raise RankError(errors) from None
-        raise
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+    pool = None if fresh else _POOLS.pop(world_size, None)
+    startup_s = 0.0
+    if pool is None or not pool.alive():
+        if pool is not None:
+            pool.close(kill=True)
+        pool, startup_s = RankPool(world_size), STARTUP_S
+    got = pool.run(target, args, kwargs, timeout_s + startup_s)
+    clean = len(got) == world_size and all(status == "ok" for status, _ in got.values())
+    if clean and not fresh:
+        _POOLS[world_size] = pool
+    else:
+        pool.close(kill=len(got) < world_size)
     errors = {r: v for r, (s, v) in got.items() if s == "error"}
     if errors:
         raise RankError(errors)
+    if len(got) < world_size:
+        raise TimeoutError(f"ranks {sorted(set(range(world_size)) - set(got))} did not finish within {timeout_s} s")
     return [got[r][1] for r in range(world_size)]

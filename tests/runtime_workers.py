@@ -528,3 +528,17 @@ def load_mid_training(rank: int, world: int, name: str, plan) -> dict[str, Any]:
     model.load_state_dict(checkpoint)
     return {"pending_before_load": pending_before_load, "pending_after_load": ours.deferred.pending,
             "equal": all(torch.equal(v, checkpoint[k]) for k, v in model.state_dict().items())}
+
+
+def issued_collectives(rank: int, world: int, cases: list[tuple[str, Any]]) -> list[list[tuple[int, int, int]]]:
+    """Per ``(model name, plan)``: ``(bucket, chunk, numel)`` of every collective ``wrap`` issued in one step."""
+    from schedopt.runtime import wrap
+
+    logs = []
+    for name, plan in cases:
+        model, example, loss_fn = build(name)
+        ours = wrap(model, plan)
+        loss_fn(ours(*example), *example).backward()
+        ours.flush()
+        logs.append(list(ours.collective_log))
+    return logs

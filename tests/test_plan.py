@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from schedopt import Bucket, InvalidPlanError, Plan, PlanMismatchError, Problem
-from schedopt.plan import SolverInfo, chunk_bounds, validate
+from schedopt.layout import chunk_bounds
+from schedopt.plan import SolverInfo, validate
 from schedopt.solvers import get
 from schedopt.synthetic import chain, diamond
 

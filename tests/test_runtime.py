@@ -11,7 +11,8 @@ import torch  # noqa: F401  (make setup installs it: a missing torch fails the s
 from schedopt import Bucket, Cluster, InvalidPlanError, Plan, Problem  # noqa: E402
 from schedopt.importers import from_torch  # noqa: E402
 from schedopt.orders import engine_order, ready_order  # noqa: E402
-from schedopt.plan import SolverInfo, chunk_bounds, validate  # noqa: E402
+from schedopt.layout import chunk_bounds
+from schedopt.plan import SolverInfo, validate  # noqa: E402
 from schedopt.solvers import get  # noqa: E402
 
 from . import runtime_workers as workers  # noqa: E402

@@ -46,8 +46,7 @@ from torch import fx, nn
 from schedopt.errors import CompileError, InvalidPlanError
 from schedopt.plan import Plan
 
-from ..agreement import check_agreement
-from ..broadcast import broadcast_states
+from ..replica import PLAN_ENV, Replica, resolve_plan
 from .collectives import insert_collectives
 from .identity import check_gradients, match, node_kind, outside, rejoin_conv_backward, split_conv_backward
 from .order import reorder
@@ -79,8 +78,6 @@ def compile(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None
         >>> model = schedopt.runtime.compile(model, "plan.json")  # doctest: +SKIP
         >>> loss_fn(model(x), y).backward()  # every .grad holds the average  # doctest: +SKIP
     """
-    from ..wrapper import PLAN_ENV, resolve_plan
-
     resolved = resolve_plan(plan)
     if resolved is None:
         raise InvalidPlanError(f"compile needs a plan (argument or ${PLAN_ENV}); the baseline without one is "
@@ -114,19 +111,13 @@ class CompiledDataParallel(nn.Module):
         if not any(op.kind.startswith("aten.") for op in plan.ops.values()):
             raise InvalidPlanError("this plan's ops are not aten ops (imported from ONNX or at module level); "
                                    "the compiled runtime needs a plan made from the PyTorch model at aten level")
-        if not dist.is_initialized():
-            raise InvalidPlanError("compile needs torch.distributed initialized (torchrun, init_process_group)")
-        from schedopt.importers.pytorch import trainable_parameters
-
+        self._replica = Replica.join(module, plan, process_group, who="compile")
         self.module = module
         self.plan = plan
         self.process_group = process_group
-        self.world_size = dist.get_world_size(process_group)
+        self.world_size = self._replica.world_size
         self._group_name = (process_group or dist.group.WORLD).group_name
-        check_agreement(plan, module, process_group)
-        self._params = trainable_parameters(module)
-        self._buffers_to_sync = [b.detach() for b in module.buffers()]
-        broadcast_states([p.detach() for p in module.parameters()] + self._buffers_to_sync, process_group)
+        self._params = self._replica.params
         self.collective_log: list[tuple[int, int, int]] = []
         self.graphs: dict[str, fx.GraphModule] = {}
         self.outside: dict[str, list[str]] = {}
@@ -138,8 +129,8 @@ class CompiledDataParallel(nn.Module):
                                                             dynamic=False))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if self._buffers_to_sync and self.world_size > 1 and torch.is_grad_enabled():
-            broadcast_states(self._buffers_to_sync, self.process_group)  # DDP's default: rank 0's buffers
+        if torch.is_grad_enabled():
+            self._replica.sync_buffers()  # DDP's default: rank 0's buffers
         try:
             return self._compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as exc:

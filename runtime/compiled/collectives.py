@@ -1,7 +1,7 @@
 """Put the plan's gradient collectives into a compiled backward graph.
 
-For each collective of the plan (:class:`~schedopt.runtime.buckets.BucketLayout`'s
-slices: a bucket, or one chunk of it), in plan order:
+For each collective of the plan's layout (:mod:`schedopt.layout`, the simulator's and the
+eager runtime's: a bucket, or one chunk of it), in plan order:
 
 1. Right after the last node producing one of its gradients (and after the
    previous collective): the bucket's flat buffer (``empty``, at its first
@@ -28,7 +28,8 @@ from typing import Any, Mapping
 import torch
 from torch import fx
 
-from schedopt.plan import Plan, chunk_bounds
+from schedopt.layout import bucket_layout
+from schedopt.plan import Plan
 
 __all__ = ["insert_collectives"]
 
@@ -56,12 +57,9 @@ def insert_collectives(graph: fx.Graph, grads: Mapping[str, fx.Node], plan: Plan
     order = {n: i for i, n in enumerate(graph.nodes)}
     output = next(n for n in graph.nodes if n.op == "output")
     scale = 1.0 / world_size
-    spans: dict[str, tuple[int, int]] = {}  # each gradient's elements in its bucket's flat buffer
-    for bucket in plan.buckets:
-        offset = 0
-        for name in bucket.params:
-            spans[name] = (offset, offset + params[name].numel())
-            offset += params[name].numel()
+    layout = bucket_layout(plan.buckets, numel={name: p.numel() for name, p in params.items()},
+                           itemsize={name: p.element_size() for name, p in params.items()})
+    spans = {name: (span.start, span.end) for name, span in layout.spans.items()}
     cursor = anchor = None  # the last node inserted; the gradient node it follows
     buffers: list[fx.Node] = []
     works: list[fx.Node] = []
@@ -73,25 +71,24 @@ def insert_collectives(graph: fx.Graph, grads: Mapping[str, fx.Node], plan: Plan
             cursor = graph.call_function(target, args, kwargs or {})
         return cursor
 
-    for k, bucket in enumerate(plan.buckets):  # step 1
-        first = params[bucket.params[0]]
-        numel = spans[bucket.params[-1]][1]
-        written: set[str] = set()
-        for j, (start, end) in enumerate(chunk_bounds(numel, bucket.chunks)):
-            members = [n for n in bucket.params if spans[n][0] < end and start < spans[n][1]]
-            last = max((grads[n] for n in members), key=order.__getitem__)
-            if anchor is None or order[last] > order[anchor]:
-                anchor = cursor = last
-            if j == 0:
-                buffers.append(insert(torch.empty, ((numel,),), {"dtype": first.dtype, "device": first.device}))
-            for name in members:  # the eager runtime's hook: torch.mul(grad, 1/world, out=bucket view)
-                if name not in written:
-                    written.add(name)
-                    view = insert(_span, (buffers[k], *spans[name], tuple(params[name].shape)))
-                    insert(torch.mul, (grads[name], scale), {"out": view})
-            piece = insert(_span, (buffers[k], start, end, (end - start,)))
-            works.append(insert(c10d.all_reduce_.default, (piece, "sum", group_name)))
-            issued.append((k, j, end - start))
+    written: set[str] = set()
+    for collective in layout.collectives:  # step 1
+        k = collective.bucket
+        last = max((grads[n] for n in collective.params), key=order.__getitem__)
+        if anchor is None or order[last] > order[anchor]:
+            anchor = cursor = last
+        if collective.chunk == 0:
+            first = params[plan.buckets[k].params[0]]
+            buffers.append(insert(torch.empty, ((layout.bucket_numel[k],),),
+                                  {"dtype": first.dtype, "device": first.device}))
+        for name in collective.params:  # the eager runtime's hook: torch.mul(grad, 1/world, out=bucket view)
+            if name not in written:
+                written.add(name)
+                view = insert(_span, (buffers[k], *spans[name], tuple(params[name].shape)))
+                insert(torch.mul, (grads[name], scale), {"out": view})
+        piece = insert(_span, (buffers[k], collective.start, collective.end, (collective.numel,)))
+        works.append(insert(c10d.all_reduce_.default, (piece, "sum", group_name)))
+        issued.append((k, collective.chunk, collective.numel))
     averaged: dict[str, fx.Node] = {}
     with graph.inserting_before(output):
         waited = [graph.call_function(c10d.wait_tensor.default, (work,)) for work in works]  # step 2
