@@ -186,68 +186,79 @@ def make_plans(task: Task, max_stale_fraction: float) -> dict[str, Any]:
     return plans
 
 
-# ----------------------------------------------------------------------------- one mode on two ranks
+# ----------------------------------------------------------------------------- every mode on two ranks
 
 
-def _rank_main(rank: int, world: int, port: int, task_name: str, mode: str, plan_path: str | None,
-               args: argparse.Namespace, out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, jobs: list[tuple[str, str, str | None]],
+               args: argparse.Namespace, out_dir: str) -> None:
+    """Train each ``(task, mode, plan path)`` in turn on this group (one spawn for the whole bench)."""
     import torch
     import torch.distributed as dist
-
-    from schedopt.runtime import wrap, wrap_optimizer
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
     try:
-        task = TASK_MAKERS[task_name](args)
-        torch.manual_seed(args.seed)
-        model = task.build()[0]
-        if mode == "ddp":
-            wrapped = torch.nn.parallel.DistributedDataParallel(model)
-        else:
-            wrapped = wrap(model, plan_path, lgp=mode != "osp-no-lgp")
-        optimizer = wrap_optimizer(task.optimizer(wrapped.parameters()), wrapped)
-        curve, losses = [], []
-        for step in range(task.steps):
-            inputs, target = task.batches(rank, world, step)
-            optimizer.zero_grad()
-            loss = task.loss(wrapped(*inputs), inputs, target)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-            if (step + 1) % task.eval_every == 0 or step + 1 == task.steps:
-                wrapped.eval()  # commits every pending update
-                if rank == 0:
-                    curve.append((step + 1, task.evaluate(model)))
-                wrapped.train()
-        getattr(wrapped, "flush", lambda: None)()
-        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-        if rank == 0:
-            Path(out).write_text(json.dumps({"curve": curve, "train_loss": losses, "params_sha256": digest}))
+        for j, (task_name, mode, plan_path) in enumerate(jobs):
+            started = time.monotonic()
+            result = _train(rank, world, TASK_MAKERS[task_name](args), mode, plan_path, args.seed)
+            if rank == 0:
+                result["seconds"] = time.monotonic() - started
+                Path(out_dir, f"{j}.json").write_text(json.dumps(result))
     finally:
         dist.barrier()
         dist.destroy_process_group()
 
 
-def run_mode(task_name: str, mode: str, plan_path: str | None, args, *, timeout_s: float) -> dict[str, Any]:
-    """Train ``mode`` on two fresh gloo ranks; rank 0's curve, training losses and final-parameter hash."""
+def _train(rank: int, world: int, task: Task, mode: str, plan_path: str | None, seed: int) -> dict[str, Any]:
+    """One training run from the same seed: rank 0's curve, training losses and final-parameter hash."""
+    import torch
+
+    from schedopt.runtime import wrap, wrap_optimizer
+
+    torch.manual_seed(seed)
+    model = task.build()[0]
+    if mode == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    else:
+        wrapped = wrap(model, plan_path, lgp=mode != "osp-no-lgp")
+    optimizer = wrap_optimizer(task.optimizer(wrapped.parameters()), wrapped)
+    curve, losses = [], []
+    for step in range(task.steps):
+        inputs, target = task.batches(rank, world, step)
+        optimizer.zero_grad()
+        loss = task.loss(wrapped(*inputs), inputs, target)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if (step + 1) % task.eval_every == 0 or step + 1 == task.steps:
+            wrapped.eval()  # commits every pending update
+            if rank == 0:
+                curve.append((step + 1, task.evaluate(model)))
+            wrapped.train()
+    if mode != "ddp":
+        wrapped.flush()
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+    return {"curve": curve, "train_loss": losses, "params_sha256": digest}
+
+
+def run_jobs(jobs: list[tuple[str, str, str | None]], args, *, timeout_s: float) -> list[dict[str, Any]]:
+    """Train every job on two fresh gloo ranks, one after another; their results in order."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "result.json")
-        context = mp.start_processes(_rank_main, args=(2, port, task_name, mode, plan_path, args, out), nprocs=2,
+        context = mp.start_processes(_rank_main, args=(2, port, jobs, args, tmp), nprocs=2,
                                      join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=5):
             if time.monotonic() > deadline:
                 for process in context.processes:
                     process.kill()
-                raise TimeoutError(f"{task_name} {mode}: the ranks ran past {timeout_s:.0f} s")
-        return json.loads(Path(out).read_text())
+                raise TimeoutError(f"the ranks ran past {timeout_s:.0f} s")
+        return [json.loads(Path(tmp, f"{j}.json").read_text()) for j in range(len(jobs))]
 
 
 # ----------------------------------------------------------------------------- report
@@ -304,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        jobs, facts = [], []
         for task_name in tasks:
             task = TASK_MAKERS[task_name](args)
             plans = make_plans(task, args.max_stale_fraction)
@@ -316,18 +328,16 @@ def main(argv: list[str] | None = None) -> int:
                 paths[mode] = str(Path(tmp) / f"{task_name}.{mode}.json")
                 plan.save(paths[mode])
             for mode in modes:
-                left = args.time_limit - (time.monotonic() - started)
-                if left <= 0:
-                    raise TimeoutError(f"the bench ran past its time limit ({args.time_limit:.0f} s)")
-                t0 = time.monotonic()
-                plan_path = None if mode == "ddp" else paths["osp" if mode.startswith("osp") else mode]
-                r = run_mode(task_name, mode, plan_path, args, timeout_s=left)
-                value = r["curve"][-1][1]
-                print(f"  {mode:11s} {METRIC[task_name]} {value:.4f}  ({time.monotonic() - t0:.0f} s)", flush=True)
-                rows.append({"task": task_name, "mode": mode, "metric": METRIC[task_name], "value": value,
-                             "curve": r["curve"], "stale_fraction": fraction if mode.startswith("osp") else 0.0,
-                             "stage2": stage2 if mode.startswith("osp") else [], "steps": task.steps,
-                             "params_sha256": r["params_sha256"]})
+                jobs.append((task_name, mode, None if mode == "ddp" else paths["osp" if mode.startswith("osp") else mode]))
+                facts.append((task.steps, stage2 if mode.startswith("osp") else [],
+                              fraction if mode.startswith("osp") else 0.0))
+        results = run_jobs(jobs, args, timeout_s=args.time_limit - (time.monotonic() - started))
+        for (task_name, mode, _), (steps, stage2, fraction), r in zip(jobs, facts, results):
+            value = r["curve"][-1][1]
+            print(f"  {task_name:7s} {mode:11s} {METRIC[task_name]} {value:.4f}  ({r['seconds']:.0f} s)", flush=True)
+            rows.append({"task": task_name, "mode": mode, "metric": METRIC[task_name], "value": value,
+                         "curve": r["curve"], "stale_fraction": fraction, "stage2": stage2, "steps": steps,
+                         "params_sha256": r["params_sha256"]})
     print_summary(rows)
     if args.png:
         plot(rows, Path(args.png))
