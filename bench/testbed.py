@@ -48,8 +48,8 @@ simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 overlap and osp modes the forward's measured and predicted waits per step,
 ``measured_phases_s`` (rank 0's forward, backward and optimizer, medians) beside
 ``predicted_phases_s`` (the simulated forward, backward and the rest), and the
-calibration; and every run's step times in ``runs/NAME/MODE.ROUND.json`` beside
-``NAME.json``, with what the predictions came from (the pooled profile, the
+calibration; and every run's step times in ``runs/NAME.json.gz`` beside ``NAME.json``
+(:mod:`kept`), with what the predictions came from (the pooled profile, the
 cluster and each mode's plan), which ``--recompute`` reads: it prints the
 periods and speedups again, and each plan predicted by today's simulator.
 
@@ -74,6 +74,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kept import SUFFIX, kept_name, read_kept, write_kept  # noqa: E402
 from provenance import begin, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +87,7 @@ COMPILED_RUNS = {"compiled-ddp": "ddp", "barrier-compiled": "barrier"}
 COMPILED_MODES = (*COMPILED_RUNS, "compiled")
 #: A mode with this suffix is planned on a link ``--plan-margin`` slower than calibrated (slack for jitter).
 SLACK = "-slack"
-#: Kept beside the runs (``runs/NAME/``), so that ``--recompute`` can predict them again: the pooled
+#: Kept beside the runs (``runs/NAME.json.gz``), so that ``--recompute`` can predict them again: the pooled
 #: profile, the calibrated cluster and each mode's plan (``MODE.plan.json``).
 POOLED, CLUSTER, PLAN = "graph.pooled.json", "cluster.json", ".plan.json"
 
@@ -249,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="predict from the planning profile alone (default: profile again before every run "
                              "and predict from every op's median over those profiles)")
     parser.add_argument("--pin", action="store_true", help="pin rank k to CPU k (see PIN; slower here)")
-    parser.add_argument("--recompute", nargs="+", metavar="DIR",
-                        help="run nothing: print the periods and speedups of the runs kept in each DIR "
-                             "(--keep, or bench/results/runs/*)")
+    parser.add_argument("--recompute", nargs="+", metavar="RUN",
+                        help="run nothing: print the periods and speedups of each kept RUN "
+                             "(bench/results/runs/*.json.gz, or a --keep directory)")
     args = parser.parse_args(argv)
     if args.recompute:
         return recompute(args.recompute)
@@ -293,10 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_result(args.json, rows, vars(args))
         # every run's step times beside it, and what its predictions came from, for --recompute
-        runs_dir = Path(args.json).parent / "runs" / Path(args.json).stem
+        runs_dir = Path(args.json).parent / "runs"
         runs_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in kept.items():
-            (runs_dir / name).write_text(text)
+        write_kept(runs_dir / f"{Path(args.json).stem}{SUFFIX}", Path(args.json).stem, kept)
     print(f"testbed: {time.monotonic() - started:.0f} s")
     return 0
 
@@ -433,10 +433,17 @@ def _run_files(directory: Path) -> list[tuple[str, int, Path]]:
     """``(mode, round, path)`` of each run's ``examples/train.py --json`` in ``directory`` (``MODE.ROUND.json``)."""
     found = []
     for path in sorted(directory.glob("*.json")):
-        mode, _, round_ = path.stem.rpartition(".")
-        if (mode in MODES or mode.removesuffix(SLACK) in MODES) and round_.isdigit():
-            found.append((mode, int(round_), path))
+        if (key := _run_key(path.name)) is not None:
+            found.append((*key, path))
     return found
+
+
+def _run_key(file_name: str) -> tuple[str, int] | None:
+    """``(mode, round)`` of a kept ``MODE.ROUND.json``; None for any other file."""
+    mode, _, round_ = file_name.removesuffix(".json").rpartition(".")
+    if (mode in MODES or mode.removesuffix(SLACK) in MODES) and round_.isdigit():
+        return mode, int(round_)
+    return None
 
 
 def _trimmed(path: Path) -> str:
@@ -455,30 +462,37 @@ def round_ratio(other: list[float], mine: list[float]) -> float:
 
 
 def recompute(dirs: list[str]) -> int:
-    """Print each mode's periods and speedups from the runs kept in ``dirs`` (``MODE.ROUND.json``).
+    """Print each mode's periods and speedups from the runs kept in ``dirs`` (``NAME.json.gz`` or a directory).
 
-    Beside each, the prediction of the bench's rows when they are found (``DIR.json``, or
-    ``bench/results/NAME.json`` for ``bench/results/runs/NAME``), and where ``DIR`` keeps the
+    Beside each, the prediction of the bench's rows when they are found (``NAME.json`` beside it, or
+    ``bench/results/NAME.json`` for ``bench/results/runs/NAME.json.gz``), and where the run keeps the
     pooled profile, the cluster and the mode's plan, the prediction of today's simulator
     (:func:`predict` with ``engine=True``).
     """
     from schedopt import Cluster, Plan, TrainGraph
 
     for directory in dirs:
+        try:
+            files = read_kept(directory)
+        except (OSError, ValueError) as exc:
+            print(f"testbed: cannot read {directory}: {exc}", file=sys.stderr)
+            return 2
         runs: dict[str, dict[int, dict]] = {}
-        for mode, round_, path in _run_files(Path(directory)):
-            runs.setdefault(mode, {})[round_] = json.loads(path.read_text())
+        for file_name, measured in files.items():
+            if (key := _run_key(file_name)) is not None:
+                runs.setdefault(key[0], {})[key[1]] = measured
         if "ddp" not in runs:
             print(f"testbed: {directory} holds no ddp runs (MODE.ROUND.json from examples/train.py --json)",
                   file=sys.stderr)
             return 2
         here = Path(directory)
-        found = [f for f in (here.with_suffix(".json"), here.parent.parent / f"{here.name}.json") if f.is_file()]
+        name = kept_name(here)
+        found = [f for f in (here.parent / f"{name}.json", here.parent.parent / f"{name}.json") if f.is_file()]
         result = json.loads(found[0].read_text()) if found else {"rows": []}
         # results written before bench/provenance.py are a bare list of rows
         predicted = {r["mode"]: r for r in (result["rows"] if isinstance(result, dict) else result)}
-        graph = TrainGraph.load(here / POOLED) if (here / POOLED).is_file() else None
-        cluster = Cluster.load(here / CLUSTER) if (here / CLUSTER).is_file() else None
+        graph = TrainGraph.from_json(files[POOLED]) if POOLED in files else None
+        cluster = Cluster.from_json(files[CLUSTER]) if CLUSTER in files else None
         print(directory)
         rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
         periods = {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
@@ -488,8 +502,8 @@ def recompute(dirs: list[str]) -> int:
             row = predicted.get(mode)
             against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
                        f"({(row['predicted_s'] - measured) / measured:+.1%})" if row else "")
-            if graph is not None and cluster is not None and (here / f"{mode}{PLAN}").is_file():
-                now = predict(Plan.load(here / f"{mode}{PLAN}"), graph, cluster, engine=True).iteration_s
+            if graph is not None and cluster is not None and f"{mode}{PLAN}" in files:
+                now = predict(Plan.from_json(files[f"{mode}{PLAN}"]), graph, cluster, engine=True).iteration_s
                 against += f", today {now * 1e3:.1f} ({(now - measured) / measured:+.1%})"
             each = "/".join(f"{t * 1e3:.0f}" for t in periods[mode])
             print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {each}), "

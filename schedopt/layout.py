@@ -16,6 +16,7 @@ runtime inserts the same calls into the backward graph.
    gates at least one collective.
 
 Example:
+    >>> from schedopt.plan import Bucket
     >>> layout = bucket_layout([Bucket(params=("a", "b"), chunks=2)], numel={"a": 3, "b": 5}, itemsize=4)
     >>> [(c.start, c.end, c.nbytes, c.params) for c in layout.collectives]
     [(0, 4, 16, ('a', 'b')), (4, 8, 16, ('b',))]

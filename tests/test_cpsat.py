@@ -8,7 +8,7 @@ from dataclasses import replace
 import networkx as nx
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
@@ -263,10 +263,15 @@ def test_progress_reports_objective_and_bound():
         assert event.bound_s <= event.objective_s + 1e-9
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=24, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=train_graphs(max_ops=6), world_size=st.integers(2, 32), bandwidth=st.floats(1e8, 2e10))
 def test_overlap_objective_matches_the_simulated_period(graph, world_size, bandwidth):
     """The cyclic model encodes the simulator's overlap semantics: at the optimum they agree.
+
+    A fixed 24 cases: every one checks that the plan simulates no slower than the objective; the
+    ones CP-SAT solves to a proven optimum of its own (6 of the 24; 15 of 24 prove the warm start
+    optimal, 3 time out) also check equality. (With ``assume`` instead, hypothesis drew about 50
+    cases to find 15 of its own, 110 s of the suite; this is 45 s.)
 
     Known gap: one random case (2 ranks, 1 Gbit/s, communication-bound) once
     simulated 7e-5 longer than the proven optimum, beyond tick rounding and
@@ -276,9 +281,11 @@ def test_overlap_objective_matches_the_simulated_period(graph, world_size, bandw
     problem = Problem(execution="compiled", graph=graph, cluster=cluster, mode="overlap")
     plan = get("cpsat")(problem, time_limit_s=10, num_workers=1)
     slack = tick_tolerance(plan) + 1e-4 * plan.solver.objective_s
+    event(f"{plan.solver.status} {plan.solver.stats['result']}")
     assert plan.predicted.iteration_s <= plan.solver.objective_s + slack
-    assume(plan.solver.status == "OPTIMAL" and plan.solver.stats["result"] == "cp-sat")
-    assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=slack)
+    if plan.solver.status == "OPTIMAL" and plan.solver.stats["result"] == "cp-sat":
+        event("proven optimal by CP-SAT")
+        assert plan.solver.objective_s == pytest.approx(plan.predicted.iteration_s, abs=slack)
 
 
 def test_bound_phase_keeps_the_higher_bound():
