@@ -209,4 +209,13 @@ def test_testbed_recompute_predicts_kept_plans_on_todays_engine_order(tmp_path, 
                                                              "predicted_s": 0.5}]}))
     assert testbed.recompute([str(runs)]) == 0
     today = simulate(Problem(graph=graph, cluster=cluster), plan).iteration_s
-    assert f"predicted 500.0 (-50.0%), today {today * 1e3:.1f} ({today - 1:+.1%})" in capsys.readouterr().out
+    line = f"predicted 500.0 (-50.0%), today {today * 1e3:.1f} ({today - 1:+.1%})"
+    assert line in capsys.readouterr().out
+    # the committed form: the same files as one gzipped object, read the same
+    kept = tmp_path / "tb.json.gz"
+    testbed.write_kept(kept, "tb", {p.name: p.read_text() for p in runs.glob("*.json")})
+    assert testbed.recompute([str(kept)]) == 0
+    assert line in capsys.readouterr().out
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    assert testbed.recompute([str(tmp_path / "bad.json.gz")]) == 2
+    assert "cannot read" in capsys.readouterr().err
