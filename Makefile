@@ -1,4 +1,4 @@
-# schedopt: `make demo` runs the main job, `make test` the whole suite.
+# schedopt: `make demo` runs the main job, `make test` the whole suite, `make check` its fast subset.
 # `make setup` creates .venv and installs everything; it reruns only when pyproject.toml changes.
 
 PYTHON ?= python3
@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test check demo bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q -n 2 --timeout=300
+
+# the fast subset for the edit loop (no real ranks, no long solves): under a minute
+check: setup
+	$(PY) -m pytest -q -n 2 --timeout=120 -m "not slow"
 
 demo: setup
 	mkdir -p $(OUT)

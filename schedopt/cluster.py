@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Literal
+from types import MappingProxyType
+from typing import Any, Iterable, Literal, Mapping
 
 import numpy as np
 
@@ -33,13 +34,13 @@ Algorithm = Literal["ring", "tree"]
 
 #: Per-rank bus bandwidth, per-step latency and per-call overhead of common networks.
 #: Latencies are typical one-way figures for the fabric with NCCL/gloo on top.
-PRESETS: dict[str, dict[str, float]] = {
-    "10gbe": {"bandwidth_Bps": 10e9 / 8, "latency_s": 25e-6, "call_s": 10e-6},
-    "25gbe": {"bandwidth_Bps": 25e9 / 8, "latency_s": 20e-6, "call_s": 10e-6},
-    "100gbe": {"bandwidth_Bps": 100e9 / 8, "latency_s": 10e-6, "call_s": 8e-6},
-    "ib-hdr": {"bandwidth_Bps": 200e9 / 8, "latency_s": 5e-6, "call_s": 6e-6},
-    "nvlink": {"bandwidth_Bps": 300e9, "latency_s": 2e-6, "call_s": 5e-6},
-}
+PRESETS: Mapping[str, Mapping[str, float]] = MappingProxyType({
+    "10gbe": MappingProxyType({"bandwidth_Bps": 10e9 / 8, "latency_s": 25e-6, "call_s": 10e-6}),
+    "25gbe": MappingProxyType({"bandwidth_Bps": 25e9 / 8, "latency_s": 20e-6, "call_s": 10e-6}),
+    "100gbe": MappingProxyType({"bandwidth_Bps": 100e9 / 8, "latency_s": 10e-6, "call_s": 8e-6}),
+    "ib-hdr": MappingProxyType({"bandwidth_Bps": 200e9 / 8, "latency_s": 5e-6, "call_s": 6e-6}),
+    "nvlink": MappingProxyType({"bandwidth_Bps": 300e9, "latency_s": 2e-6, "call_s": 5e-6}),
+})
 
 
 #: The range a cluster may describe; outside it a figure is a unit error, and the simulator's sums

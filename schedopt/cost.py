@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
 from .errors import SchedoptError
 
 __all__ = ["DeviceSpec", "DEVICES"]
@@ -58,10 +61,10 @@ class DeviceSpec:
 
 # Dense 16-bit tensor-core peaks (the precision training runs in) and HBM
 # bandwidth from the vendors' data sheets; the CPU entry is a 2-core AVX2 host.
-DEVICES: dict[str, DeviceSpec] = {
+DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({
     "v100": DeviceSpec(name="v100", peak_flops=125e12, mem_bandwidth_Bps=900e9, launch_s=5e-6),
     "a100": DeviceSpec(name="a100", peak_flops=312e12, mem_bandwidth_Bps=2.0e12, launch_s=5e-6),
     "h100": DeviceSpec(name="h100", peak_flops=989e12, mem_bandwidth_Bps=3.35e12, launch_s=4e-6),
     "h200": DeviceSpec(name="h200", peak_flops=989e12, mem_bandwidth_Bps=4.8e12, launch_s=4e-6),
     "cpu": DeviceSpec(name="cpu", peak_flops=100e9, mem_bandwidth_Bps=20e9, launch_s=2e-6),
-}
+})

@@ -20,23 +20,42 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-__all__ = ["ClosureKnapsack", "WorkProfile", "anchor_bound", "bucket_ends", "channel_bound", "closure_hull",
+__all__ = ["BoundSettings", "DEFAULT_BOUNDS", "ClosureKnapsack", "WorkProfile", "anchor_bound", "bucket_ends", "channel_bound", "closure_hull",
            "coupled_channel_bound", "pieces", "profile_bound", "ready_time_bound", "window_bound", "work_profile"]
 
-#: The work profile (:func:`work_profile`): the points it solves at most, the uniform points it
-#: starts from, the deterministic time (CP-SAT's clock, about a second on this machine) per point,
-#: and the wall time all points may take. GPT-2 on 64 x 100 GbE, bound with 32 / 64 / 128 uniform
-#: points: 136.14 / 136.55 / 136.76 ms (the plan: 137.11); one point takes about 16 ms there.
-PROFILE_POINTS, PROFILE_FIRST_POINTS, PROFILE_POINT_DET_S, PROFILE_WALL_S = 160, 16, 0.25, 5.0
-#: The byte grid (pieces) of the profile bound's bucketing DP.
-PROFILE_BOUND_PIECES = 2000
-#: The most min cuts :func:`closure_hull` makes (GPT-2: 5).
-HULL_MAX_CUTS = 200
-#: Above this many units the ready-time bound leaves out its O(units^3) last-gradient refinement.
-READY_BOUND_MAX_UNITS = 400
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoundSettings:
+    """How much work the constant bounds may do (cpsat's ``tuning={"bounds": {...}}``)."""
+
+    #: The work profile (:func:`work_profile`): the points it solves at most, the uniform points it
+    #: starts from, the deterministic time (CP-SAT's clock, about a second on this machine) per point,
+    #: and the wall time all points may take. GPT-2 on 64 x 100 GbE, bound with 32 / 64 / 128 uniform
+    #: points: 136.14 / 136.55 / 136.76 ms (the plan: 137.11); one point takes about 16 ms there.
+    profile_points: int = 160
+    profile_first_points: int = 16
+    profile_point_det_s: float = 0.25
+    profile_wall_s: float = 5.0
+    #: The byte grid (pieces) of the profile bound's bucketing DP.
+    profile_bound_pieces: int = 2000
+    #: The most min cuts :func:`closure_hull` makes (GPT-2: 5).
+    hull_max_cuts: int = 200
+    #: Above this many units the ready-time bound leaves out its O(units^3) last-gradient refinement.
+    ready_bound_max_units: int = 400
+    #: The channel bound (:func:`channel_bound`): its byte grid (pieces per side), the anchor units it
+    #: tries, where it splits the units into an early and a late group (shares of the bytes), and its
+    #: rows per split.
+    channel_pieces: int = 2000
+    channel_anchors: int = 8
+    channel_splits: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8)
+    channel_rows: int = 64
 
 
-def ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready: int) -> int:
+#: The settings every bound uses unless given others.
+DEFAULT_BOUNDS = BoundSettings()
+
+
+def ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready: int, *,
+                     settings: BoundSettings = DEFAULT_BOUNDS) -> int:
     """A lower bound on the end of the last collective (barrier mode), in ticks.
 
     Unit u cannot be ready before ``earliest[u]`` (its op after its ancestors alone), and the unit
@@ -52,7 +71,7 @@ def ready_time_bound(earliest: list[int], cost: list[int], call: int, all_ready:
     r = np.array([earliest[u] for u in by_ready], dtype=np.float64)
     c = np.array([cost[u] for u in by_ready], dtype=np.float64)
     _, full = bucket_ends(r, c, call)
-    if len(r) > READY_BOUND_MAX_UNITS:
+    if len(r) > settings.ready_bound_max_units:
         return int(full[-1])
     bound = np.inf
     for w in range(len(r)):  # w is the unit ready last: the others' DP, then w's bucket after all_ready
@@ -79,28 +98,28 @@ class WorkProfile:
         return work
 
 
-def work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int],
-                 wall_s: float = PROFILE_WALL_S) -> WorkProfile:
+def work_profile(dur: list[int], edges: set[tuple[int, int]], own: list[int], wall_s: float | None = None, *,
+                 settings: BoundSettings = DEFAULT_BOUNDS) -> WorkProfile:
     """Points ``(x[k], w[k])``: any ancestor-closed set of ops that finishes ``x[k]`` bytes or more
     (``own[v]``: the bytes, in channel ticks, of the units op v finishes) holds ``w[k]`` work or more.
 
     Each ``w[k]`` is :class:`ClosureKnapsack`'s least work for ``x[k]`` bytes (about 16 ms each on
     GPT-2's backward), then raised to the largest ``w`` at a smaller ``x`` (the least work only grows
     with the bytes). The points start uniform and are split where the profile jumps most (the step's area:
-    work times bytes), up to :data:`PROFILE_POINTS` or ``wall_s``. ``x[0] = 0``, ``w[0] = 0``.
+    work times bytes), up to ``settings.profile_points`` or ``wall_s`` (default ``settings.profile_wall_s``). ``x[0] = 0``, ``w[0] = 0``.
     """
     dag = nx.DiGraph(list(edges))
     dag.add_nodes_from(range(len(dur)))
     needed = {v for v in range(len(dur)) if own[v]}  # and their ancestors: no other op readies bytes
     needed |= set().union(*(nx.ancestors(dag, v) for v in needed))
-    knapsack = ClosureKnapsack(dur, own, dag, sorted(needed), PROFILE_POINT_DET_S)
-    deadline = time.perf_counter() + wall_s
-    hull = closure_hull(dur, own, dag, sorted(needed), deadline)
+    knapsack = ClosureKnapsack(dur, own, dag, sorted(needed), settings.profile_point_det_s)
+    deadline = time.perf_counter() + (settings.profile_wall_s if wall_s is None else wall_s)
+    hull = closure_hull(dur, own, dag, sorted(needed), deadline, max_cuts=settings.hull_max_cuts)
     work = {0: 0.0}
-    for x in np.linspace(0, knapsack.bytes, PROFILE_FIRST_POINTS + 1)[1:].round().astype(int):
+    for x in np.linspace(0, knapsack.bytes, settings.profile_first_points + 1)[1:].round().astype(int):
         if time.perf_counter() < deadline:
             work[int(x)] = knapsack.least_work(int(x))
-    while len(work) < PROFILE_POINTS and time.perf_counter() < deadline:
+    while len(work) < settings.profile_points and time.perf_counter() < deadline:
         xs = sorted(work)
         w = np.maximum.accumulate([work[x] for x in xs])
         area = [(w[k + 1] - w[k]) * (xs[k + 1] - xs[k]) if xs[k + 1] - xs[k] > 1 else 0.0
@@ -172,7 +191,7 @@ class ClosureKnapsack:
 
 
 def closure_hull(dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int],
-                 deadline: float = np.inf) -> np.ndarray:
+                 deadline: float = np.inf, *, max_cuts: int = DEFAULT_BOUNDS.hull_max_cuts) -> np.ndarray:
     """The upper concave hull of (work, bytes) over the ancestor-closed sets of ``ops``: rows (w, c).
 
     Every closed set's bytes lie on or below it, so a set with ``c`` bytes or more works at least the
@@ -201,7 +220,7 @@ def closure_hull(dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int]
 
     points = {(0, 0), (sum(dur[v] for v in ops), sum(own[v] for v in ops))}
     segments = [sorted(points)] if len(points) == 2 else []
-    while segments and len(points) < HULL_MAX_CUTS and time.perf_counter() < deadline:
+    while segments and len(points) < max_cuts and time.perf_counter() < deadline:
         (w1, c1), (w2, c2) = segments.pop()
         if w2 <= w1:
             continue
@@ -216,7 +235,8 @@ def closure_hull(dur: list[int], own: list[int], dag: nx.DiGraph, ops: list[int]
     return rows[np.concatenate([[True], np.diff(rows[:, 1]) > 0])]  # bytes rise strictly (np.interp)
 
 
-def profile_bound(earliest: list[int], cost: list[int], call: int, start: int, profile: WorkProfile) -> int:
+def profile_bound(earliest: list[int], cost: list[int], call: int, start: int, profile: WorkProfile, *,
+                  grid: int = DEFAULT_BOUNDS.profile_bound_pieces) -> int:
     """A lower bound on the end of the last collective (barrier mode) from the work profile, in ticks.
 
     Put every byte in the order the bytes become ready. The bytes up to the y-th are all ready only
@@ -233,25 +253,19 @@ def profile_bound(earliest: list[int], cost: list[int], call: int, start: int, p
     if not cost or sum(cost) == 0:
         return 0
     total = float(sum(cost))
-    delta = total / PROFILE_BOUND_PIECES
+    delta = total / grid
     order = sorted(range(len(cost)), key=earliest.__getitem__)
-    position = np.arange(PROFILE_BOUND_PIECES) * delta  # bytes before each piece
+    position = np.arange(grid) * delta  # bytes before each piece
     ends = np.cumsum([cost[u] for u in order])
     own_earliest = np.array([earliest[u] for u in order], dtype=np.float64)
     holder = np.minimum(np.searchsorted(ends, position, side="right"), len(order) - 1)
     ready = np.maximum(own_earliest[holder], start + profile.least_work(position))
-    _, end = bucket_ends(ready, np.full(PROFILE_BOUND_PIECES, delta), call)
+    _, end = bucket_ends(ready, np.full(grid, delta), call)
     return max(int(np.floor(end[-1] - delta)), 0)
 
 
-#: The channel bound: its byte grid (pieces per side), the anchor units it tries, where it splits
-#: the units into an early and a late group (shares of the bytes), and its rows per split.
-CHANNEL_BOUND_PIECES, CHANNEL_BOUND_ANCHORS = 2000, 8
-CHANNEL_BOUND_SPLITS, CHANNEL_BOUND_ROWS = (0.2, 0.4, 0.6, 0.8), 64
-
-
 def channel_bound(release: list[int], tail: list[int], cost: list[int], call: int, *,
-                  until: float | None = None) -> int:
+                  until: float | None = None, settings: BoundSettings = DEFAULT_BOUNDS) -> int:
     """A lower bound on the ``overlap`` period from the channel alone, in ticks.
 
     Unit u's bytes (``cost[u]`` ticks on the channel) leave no earlier than ``release[u]`` after
@@ -286,8 +300,8 @@ def channel_bound(release: list[int], tail: list[int], cost: list[int], call: in
     if U == 0:
         return 0
     total = float(sum(cost))
-    delta = total / CHANNEL_BOUND_PIECES  # the largest piece
-    anchors = sorted(range(U), key=lambda u: -(release[u] + tail[u]))[:CHANNEL_BOUND_ANCHORS]
+    delta = total / settings.channel_pieces  # the largest piece
+    anchors = sorted(range(U), key=lambda u: -(release[u] + tail[u]))[:settings.channel_anchors]
     best = 0.0
     for a in anchors:
         others = [u for u in range(U) if u != a]
@@ -301,10 +315,11 @@ def channel_bound(release: list[int], tail: list[int], cost: list[int], call: in
         j = np.searchsorted(vol_r, total - cost[a] - vol_l + 1e-9, side="right") - 1
         fits = j >= 0
         best = max(best, call + total + float(np.min(phi[fits] + psi[j[fits]])) - 4 * delta)
-    for split in CHANNEL_BOUND_SPLITS:
+    for split in settings.channel_splits:
         if until is not None and time.perf_counter() > until:
             break
-        best = max(best, coupled_channel_bound(release, tail, cost, call, anchors, split, delta))
+        best = max(best, coupled_channel_bound(release, tail, cost, call, anchors, split, delta,
+                                               num_rows=settings.channel_rows))
     return max(int(np.floor(best)), 0)
 
 
@@ -334,7 +349,9 @@ def bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
 
 
 def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], call: int,
-                           anchors: list[int], split: float, delta: float) -> float:
+                           anchors: list[int], split: float, delta: float, *,
+                           num_rows: int = DEFAULT_BOUNDS.channel_rows
+                           ) -> float:
     """:func:`channel_bound` with L and R sharing one early group of units instead of both having it.
 
     Tails are first lowered (which only lowers the bound) so that they never fall along the release
@@ -342,7 +359,7 @@ def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], 
     units in release order holding ``split`` of the bytes (G1) come before the others (G2) in both
     orders, and L and R are described by their volumes in each group: y and z. For a given (y, z),
     the best L is G1's y earliest bytes, then G2's z earliest, as above. f is computed exactly for
-    y on ``CHANNEL_BOUND_ROWS`` rows (and every z), and for G1 alone (z = 0, every y). Any (y, z)
+    y on ``num_rows`` rows (and every z), and for G1 alone (z = 0, every y). Any (y, z)
     maps onto one of those with the same volume and no later bytes: y up to the next row, z down by
     as much (or, if z is smaller than that, onto G1 alone with y + z), so y grows by at most a row's
     step. Hence, with caps c(G1) and c(G2) less a's bytes,
@@ -368,7 +385,7 @@ def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], 
         r1, c1 = pieces(g1, key, cost, delta)
         r2, c2 = pieces(g2, key, cost, delta)
         vol1, end1 = bucket_ends(r1, c1, call)  # G1 alone
-        rows = np.unique(np.linspace(0, len(r1), CHANNEL_BOUND_ROWS).astype(int))
+        rows = np.unique(np.linspace(0, len(r1), num_rows).astype(int))
         y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
         # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
         # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y

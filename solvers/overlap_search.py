@@ -40,11 +40,6 @@ from .common import first_readers
 
 __all__ = ["SteadyState", "improve_buckets"]
 
-#: The search moves on from a local optimum up to this much worse than the one it left.
-ACCEPT_WORSE = 0.003
-#: A kick: this many random moves (least, most). Inception on 64 x 100 GbE, 150k evaluations, 4 seeds,
-#: mean period: 21.56 ms with 2-4, 21.87 with 1-2, 21.64 with 3-6, 21.81 with 5-10.
-KICK_MOVES = (2, 4)
 
 
 class SteadyState:
@@ -112,13 +107,15 @@ class SteadyState:
 
 
 def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluations: int = 30_000,
-                    time_limit_s: float = 60.0, seed: int = 0) -> tuple[list[list[int]], float]:
+                    time_limit_s: float = 60.0, seed: int = 0, accept_worse: float = 0.003,
+                    kick_moves: tuple[int, int] = (2, 4)) -> tuple[list[list[int]], float]:
     """Return a bucketing at least as good as ``buckets`` and its period.
 
     First-improvement descent over the module's moves; at a local optimum,
     kick the last accepted one (a new local optimum is accepted when it is at
-    most ``ACCEPT_WORSE`` worse) with 2-4 random moves and descend again,
-    keeping the best found.
+    most ``accept_worse`` worse) with ``kick_moves`` (least, most) random moves
+    and descend again, keeping the best found (cpsat's ``search_accept_worse``
+    and ``search_kick_moves``).
     It stops after ``max_evaluations`` periods, so the result depends on
     the seed only; ``time_limit_s`` is a safety net that cuts it shorter.
     """
@@ -132,12 +129,12 @@ def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluat
         current, current_t = _descend(state, current, current_t, rng, budget)
         if current_t < best_t * (1 - 1e-9):
             best, best_t = current, current_t
-        if current_t <= home_t * (1 + ACCEPT_WORSE):
+        if current_t <= home_t * (1 + accept_worse):
             home, home_t = current, current_t
         if budget.spent() or len(state.units) < 2:
             return best, best_t
         current = home
-        for _ in range(rng.randint(*KICK_MOVES)):
+        for _ in range(rng.randint(*kick_moves)):
             moves = _moves(current, rng)
             kicked = next((nb for nb in (_apply(current, m, state.dtype) for m in moves) if nb is not None), None)
             current = kicked or current

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from schedopt.errors import SolverError
 
 from .options import check_options
+from .stages import StageOptions, choose_stages, stale_fraction
 from schedopt.plan import Plan, validate
 from schedopt.problem import Problem
 from schedopt.simulate import simulate
@@ -45,7 +46,10 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
-        def run(problem: Problem, **options: Any) -> Plan:
+        def run(problem: Problem, *, stages: Any = None, **options: Any) -> Plan:
+            if stages is not None and problem.mode != "osp":
+                raise SolverError(f"the stages option tunes the osp stage choice; this problem is in {problem.mode} mode")
+            stage_options = StageOptions.make(stages) if problem.mode == "osp" else None  # checked before any work
             try:
                 signature.bind(problem, **options)
             except TypeError:
@@ -57,7 +61,7 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
             check_options(name, signature, options, limits=limits)
             started = time.perf_counter()
             if problem.mode == "osp":  # every solver plans overlap; the stage-2 set is chosen after it
-                plan = _osp(problem, fn(replace(problem, mode="overlap"), **options))
+                plan = _osp(problem, fn(replace(problem, mode="overlap"), **options), stage_options)
             else:
                 plan = fn(problem, **options)
             elapsed = time.perf_counter() - started
@@ -72,12 +76,10 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
     return decorate
 
 
-def _osp(problem: Problem, plan: Plan) -> Plan:
+def _osp(problem: Problem, plan: Plan, stages: "StageOptions | None" = None) -> Plan:
     """An ``overlap`` plan made ``osp`` (:func:`.stages.choose_stages`); the solver's objective and
     proven bound were for ``overlap`` and are dropped (``stats["osp"]`` says so)."""
-    from .stages import choose_stages, stale_fraction
-
-    osp = choose_stages(problem, plan)  # its first simulate validates the overlap plan
+    osp = choose_stages(problem, plan, stages)  # its first simulate validates the overlap plan
     stats = {**plan.solver.stats, "stale_fraction": stale_fraction(problem, osp.buckets),
              "osp": "stage 2 chosen greedily on the overlap plan; the overlap objective and bound do not apply"}
     return replace(osp, solver=replace(plan.solver, objective_s=None, bound_s=None, stats=stats))

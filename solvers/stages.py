@@ -28,13 +28,42 @@ forward waits for it every step.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
 
+from schedopt.errors import SolverError
 from schedopt.plan import Bucket, Plan
 from schedopt.problem import Problem
 from schedopt.simulate import simulate
 
-__all__ = ["choose_stages", "stale_fraction"]
+__all__ = ["StageOptions", "choose_stages", "stale_fraction"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageOptions:
+    """The stage choice's tuning (any solver in ``osp`` mode: ``--option 'stages={"split_candidates": 8}'``)."""
+
+    #: Step 2 also tries each of this many largest stage-1 parameters alone in a new stage-2 bucket (a
+    #: tied embedding shares its bucket with the layers finished with it; the whole may exceed the budget).
+    split_candidates: int = 4
+
+    def __post_init__(self) -> None:
+        value = self.split_candidates
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SolverError(f"stages option split_candidates must be an integer of at least 0, got {value!r}")
+
+    @classmethod
+    def make(cls, options: "StageOptions | Mapping[str, Any] | None") -> "StageOptions":
+        """``options`` as :class:`StageOptions` (None: the defaults); an unknown name raises :class:`SolverError`."""
+        if options is None or isinstance(options, StageOptions):
+            return options or cls()
+        if not isinstance(options, Mapping):
+            raise SolverError(f"the stages option must be a mapping such as {{\"split_candidates\": 8}}, got {options!r}")
+        try:
+            return cls(**options)
+        except TypeError:
+            raise SolverError(f"stages has no option {', '.join(map(repr, sorted(options)))}; options: "
+                              "split_candidates") from None
 
 
 def stale_fraction(problem: Problem, buckets: tuple[Bucket, ...]) -> float:
@@ -45,9 +74,10 @@ def stale_fraction(problem: Problem, buckets: tuple[Bucket, ...]) -> float:
     return stale / total if total else 0.0
 
 
-def choose_stages(problem: Problem, plan: Plan) -> Plan:
+def choose_stages(problem: Problem, plan: Plan, options: StageOptions | None = None) -> Plan:
     """``plan`` (an ``overlap`` plan of ``problem``'s graph) as an ``osp`` plan with the stage-2 set of
     the module's rule; the period never longer than the ``overlap`` plan's."""
+    options = options or StageOptions()
     graph = problem.graph
     ratio = graph.meta.get("grad_to_weight") or {}
     budget = problem.max_stale_fraction * sum(p.nbytes for p in graph.params.values()) * (1 + 1e-12)
@@ -65,7 +95,7 @@ def choose_stages(problem: Problem, plan: Plan) -> Plan:
             for last in ((False, True) if k + 1 < len(current.buckets) else (False,)):  # the last: one trial
                 trial = _moved(current, k, last=last)
                 trials.append((simulate(problem, trial).iteration_s, stale, nbytes[k], trial))
-        for name in _largest_stage_1(current, graph):  # a large parameter alone, its bucket left stage 1
+        for name in _largest_stage_1(current, graph, options.split_candidates):  # a large parameter alone, its bucket left stage 1
             size = graph.params[name].nbytes
             if used + size <= budget:
                 trial = _split_off(current, name)
@@ -78,14 +108,9 @@ def choose_stages(problem: Problem, plan: Plan) -> Plan:
         current, best_s, used = trial, t, used + size
 
 
-#: Step 2 also tries each of this many largest stage-1 parameters alone in a new stage-2 bucket (a
-#: tied embedding shares its bucket with the layers finished with it; the whole may exceed the budget).
-SPLIT_CANDIDATES = 4
-
-
-def _largest_stage_1(plan: Plan, graph) -> list[str]:
+def _largest_stage_1(plan: Plan, graph, count: int) -> list[str]:
     names = [n for b in plan.buckets if b.stage == 1 and len(b.params) > 1 for n in b.params]
-    return sorted(names, key=lambda n: -graph.params[n].nbytes)[:SPLIT_CANDIDATES]
+    return sorted(names, key=lambda n: -graph.params[n].nbytes)[:count]
 
 
 def _split_off(plan: Plan, name: str) -> Plan:

@@ -40,3 +40,31 @@ def chain3() -> TrainGraph:
 def two_ranks() -> Cluster:
     """t(S) = 2(n-1)·alpha + 2(n-1)/n·S/B = 1 ms + S / 1e9 s on 2 ranks."""
     return Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=0.5 * MS)
+
+
+#: Modules whose tests spawn real ranks or processes: all of them are ``slow``.
+SLOW_MODULES = {"test_runtime", "test_runtime_overlap", "test_osp_runtime", "test_compiled_runtime", "test_launch",
+                "test_bench_scripts", "test_layout"}
+#: Other tests that take over a second on 2 cores (``pytest --durations``): ``slow`` too.
+SLOW_TESTS = {
+    "test_cli": {"test_ctrl_c_during_a_cpsat_solve_ends_within_2_s_with_130_and_writes_nothing",
+                 "test_overlap_compare_measures_speedups_against_ddp_as_torch_runs_it",
+                 "test_plan_simulate_inspect_compare"},
+    "test_cpsat": {"*"},
+    "test_importers": {"test_aten_and_module_routes_agree_with_flop_counter", "test_cli_import_and_profile",
+                       "test_frozen_parameters_and_buffers_are_not_parameters", "test_onnx_route_matches_torch_route",
+                       "test_tied_weights_have_one_grad_op_after_accumulation"},
+    "test_osp": {"test_every_solver_plans_osp", "test_max_stale_fraction_zero_gives_the_overlap_plan_and_timeline"},
+    "test_overlap_search": {"test_cpsat_warm_starts_are_the_same_searched_in_parallel_processes"},
+    "test_simulate_random": {"*"},
+    "test_solvers": {"test_every_solver_returns_a_valid_plan_with_a_prediction"},
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark the slow tests (see :data:`SLOW_MODULES`, :data:`SLOW_TESTS`); ``make check`` runs the rest."""
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        names = SLOW_TESTS.get(module, set())
+        if module in SLOW_MODULES or "*" in names or item.originalname in names:
+            item.add_marker(pytest.mark.slow)

@@ -447,9 +447,7 @@ def test_channel_bound_never_exceeds_its_relaxation_optimum(units, call):
     import schedopt.solvers.bounds as bounds
 
     release, tail, cost = (list(x) for x in zip(*units))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bounds, "CHANNEL_BOUND_PIECES", 400)
-        bound = bounds.channel_bound(release, tail, cost, call)
+    bound = bounds.channel_bound(release, tail, cost, call, settings=bounds.BoundSettings(channel_pieces=400))
     assert bound <= _least_channel_period(release, tail, cost, call)
 
 

@@ -111,3 +111,46 @@ def test_ddp_plan_on_gpt_layout_matches_pytorch_rules():
     for size, bucket in zip(sizes[1:-1], plan.buckets[1:-1]):
         assert size >= 25 * MiB and size - graph.params[bucket.params[-1]].nbytes < 25 * MiB
     assert plan.buckets[-1].params[-1] == "wte.weight"  # the tied embedding is finished last
+
+
+def test_cpsat_warm_starts_are_an_explicit_list_and_a_registered_solver_is_not_run_silently():
+    from schedopt.solvers.cpsat.config import CpsatOptions
+    from schedopt.solvers.registry import SOLVERS, register
+
+    ran = []
+
+    @register("test-mine")
+    def solve_mine(problem, *, time_limit_s=None, seed=0):
+        ran.append(problem)
+        return SOLVERS["pytorch-ddp"](problem)
+
+    try:
+        problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("10gbe", world_size=8))
+        get("cpsat")(problem, time_limit_s=2)
+        assert not ran  # not in the default warm starts
+        plan = get("cpsat")(problem, time_limit_s=2, tuning={"warm_starts": ["test-mine", "caramel"]})
+        assert ran and plan.solver.options["warm_starts"] == ("test-mine", "caramel")
+        with pytest.raises(SolverError, match="warm_starts must name registered heuristics.*'nope'"):
+            CpsatOptions.make({"warm_starts": ["nope"]})
+    finally:
+        del SOLVERS["test-mine"]
+
+
+def test_tuning_reaches_the_bounds_and_the_stage_choice():
+    from schedopt.solvers.bounds import BoundSettings
+    from schedopt.solvers.cpsat.config import CpsatOptions
+
+    options = CpsatOptions.make({"bounds": {"profile_points": 20}, "search_kick_moves": [1, 2]})
+    assert options.bounds == BoundSettings(profile_points=20) and options.search_kick_moves == (1, 2)
+    with pytest.raises(SolverError, match="tuning bounds"):
+        CpsatOptions.make({"bounds": {"no_such": 1}})
+    with pytest.raises(SolverError, match="search_kick_moves"):
+        CpsatOptions.make({"search_kick_moves": [3, 1]})
+    graph = transformer_like(2)
+    osp = Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8), mode="osp")
+    none = get("caramel")(osp, stages={"split_candidates": 0})
+    assert none.mode == "osp"
+    with pytest.raises(SolverError, match="stages has no option 'nope'"):
+        get("caramel")(osp, stages={"nope": 1})
+    with pytest.raises(SolverError, match="tunes the osp stage choice"):
+        get("caramel")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8)), stages={})

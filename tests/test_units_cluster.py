@@ -101,3 +101,16 @@ def test_device_roofline():
     assert math.isclose(d.op_time_s(flops=1e9, nbytes=1e9), max(1e9 / 312e12, 1e9 / 2e12) + d.launch_s)
     with pytest.raises(SchedoptError, match="unknown device 'tpu9'"):
         DeviceSpec.preset("tpu9")
+
+
+def test_presets_are_read_only():
+    from schedopt.cluster import PRESETS
+    from schedopt.cost import DEVICES
+
+    with pytest.raises(TypeError):
+        PRESETS["10gbe"]["bandwidth_Bps"] = 1.0  # type: ignore[index]
+    with pytest.raises(TypeError):
+        PRESETS["mine"] = {}  # type: ignore[index]
+    with pytest.raises(TypeError):
+        DEVICES["a100"] = DEVICES["v100"]  # type: ignore[index]
+    assert Cluster.preset("10gbe", world_size=8).bandwidth_Bps == 10e9 / 8

@@ -31,7 +31,7 @@ import numpy as np
 from schedopt.graph import TrainGraph
 from schedopt.problem import Problem
 
-from ..bounds import profile_bound, ready_time_bound, work_profile
+from ..bounds import DEFAULT_BOUNDS, BoundSettings, profile_bound, ready_time_bound, work_profile
 from .buckets import BucketVars, unit_buckets
 from .coarse import coarsen, masked_sums, reach, ticks
 
@@ -42,11 +42,11 @@ class BarrierModel(BucketVars):
     """The CP-SAT model of one barrier-mode problem (see the module docstring)."""
 
     def __init__(self, problem: Problem, head: list[str], free: list[str], tick_s: float, num_buckets: int,
-                 *, profile_wall_s: float):
+                 *, profile_wall_s: float, bounds: BoundSettings = DEFAULT_BOUNDS):
         from ortools.sat.python import cp_model
 
         self._data(problem, head, free, tick_s, num_buckets)
-        self.ready_bound = self._ready_bound(profile_wall_s)
+        self.ready_bound = self._ready_bound(profile_wall_s, bounds)
         self.static_bound = max(self.compute_end, self.ready_bound)  # reported if CP-SAT finds nothing
         self.model = cp_model.CpModel()
         self._add_ops()
@@ -84,16 +84,16 @@ class BarrierModel(BucketVars):
         for u in range(len(self.units)):
             self.own[self.unit_op[u]] += self.c[u]
 
-    def _ready_bound(self, profile_wall_s: float) -> int:
+    def _ready_bound(self, profile_wall_s: float, bounds: BoundSettings) -> int:
         """The constant ready-time and profile bounds (:mod:`..bounds`) on ``T``, in ticks."""
         grad_ops = sorted(set(self.unit_op))
         needed = self.ancestors[grad_ops].any(axis=0)
         needed[grad_ops] = True
         earliest = [self.fixed + self.anc[i] + self.dur[i] for i in self.unit_op]
-        profile = work_profile(self.dur, self.coarse.edges, self.own, wall_s=profile_wall_s)
+        profile = work_profile(self.dur, self.coarse.edges, self.own, wall_s=profile_wall_s, settings=bounds)
         all_ready = self.fixed + int(np.asarray(self.dur)[needed].sum())
-        return max(ready_time_bound(earliest, self.c, self.A, all_ready=all_ready),
-                   profile_bound(earliest, self.c, self.A, self.fixed, profile))
+        return max(ready_time_bound(earliest, self.c, self.A, all_ready=all_ready, settings=bounds),
+                   profile_bound(earliest, self.c, self.A, self.fixed, profile, grid=bounds.profile_bound_pieces))
 
     # ---------------------------------------------------------------- constraints
 

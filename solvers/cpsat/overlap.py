@@ -77,7 +77,7 @@ class OverlapModel(BucketVars):
         self.channel_bound = 0
         if self.items:
             _, release, tail, cost = (list(x) for x in zip(*self.items))
-            self.channel_bound = channel_bound(release, tail, cost, self.A, until=until)
+            self.channel_bound = channel_bound(release, tail, cost, self.A, until=until, settings=options.bounds)
         if until is not None and time.perf_counter() > until:
             self.skipped.append("part of the channel bound")
         anchor = anchor_bound(

@@ -21,7 +21,6 @@ from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
 from schedopt.simulate import simulate
 
-from ..bounds import PROFILE_WALL_S
 from ..interrupt import interruptible
 from ..registry import register
 from .barrier import BarrierModel, barrier_units
@@ -34,11 +33,6 @@ from .warm import warm_starts
 
 __all__ = ["solve_cpsat", "CpsatProgress"]
 
-#: The hint check (a solve with every variable fixed to the hint) takes at most this long.
-HINT_CHECK_S = 10.0
-#: Overlap mode: the share of the time left after the warm start that the optional constant bounds
-#: (the coupled channel bound, the anchor bound) may take.
-BOUNDS_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +113,9 @@ class _Solve:
         if problem.mode == "barrier":
             self.check_max_buckets(units, hint_buckets)
             head, free = split_prefix(graph, list(self.hint_plan.order), all_forward=not problem.reorders)
-            profile_s = min(PROFILE_WALL_S, options.profile_share * options.time_limit_s)
+            profile_s = min(options.bounds.profile_wall_s, options.profile_share * options.time_limit_s)
             model: BarrierModel | OverlapModel = BarrierModel(problem, head, free, self.tick_s, self.B,
-                                                              profile_wall_s=profile_s)
+                                                              profile_wall_s=profile_s, bounds=options.bounds)
         else:
             forward, backward = overlap_ops(graph, self.hint_plan.order, reorder=problem.reorders)
             read = {name for o in forward for name in graph.ops[o].reads}
@@ -130,7 +124,7 @@ class _Solve:
                                      "first use", covers="nothing")
             self.check_max_buckets(overlap_units(graph, forward), hint_buckets)  # before the costly bounds
             # the optional constant bounds may take half of what is left; CP-SAT gets the rest
-            until = time.perf_counter() + BOUNDS_SHARE * self.deadline.left()
+            until = time.perf_counter() + options.bounds_share * self.deadline.left()
             model = OverlapModel(problem, forward, backward, self.tick_s, self.B, options, until=until)
             if model.skipped:
                 self.stats["bounds_skipped"] = f"{' and '.join(model.skipped)} (out of time)"
@@ -159,7 +153,7 @@ class _Solve:
         for var, value in hint.items():
             model.model.AddHint(var, value)
         self.stats["hint"] = "every variable"
-        verdict = _check_hint(model.model, min(HINT_CHECK_S, max(self.deadline.left(), MIN_PHASE_S)))
+        verdict = _check_hint(model.model, min(self.options.hint_check_s, max(self.deadline.left(), MIN_PHASE_S)))
         if verdict != "infeasible":
             if verdict == "unknown":
                 self.stats["hint"] = "every variable, unchecked (the check ran out of time)"

@@ -36,7 +36,7 @@ __all__ = ["warm_starts", "run_searches", "search_buckets"]
 
 def warm_starts(problem: Problem, options: CpsatOptions, deadline: Deadline,
                 notes: dict[str, Any] | None = None) -> list[tuple[float, Plan]]:
-    """The heuristics' plans, the exact contiguous bucketing of the engine and Caramel orders (each
+    """The plans of the heuristics ``options.warm_starts`` names, the exact contiguous bucketing of the engine and Caramel orders (each
     also with :func:`.phases.dead_forward`'s ops deferred) and, in ``overlap`` mode, the local search of
     :mod:`.overlap_search` from the best plans of distinct orders; each with its simulated iteration
     time (every plan is simulated once: at scale that is most of the cost). What went wrong on the way
@@ -44,7 +44,7 @@ def warm_starts(problem: Problem, options: CpsatOptions, deadline: Deadline,
     graph = problem.graph
     seed, notes = options.seed, {} if notes is None else notes
     heuristics = {name: SOLVERS[name](problem, seed=seed, time_limit_s=deadline.share(options.heuristic_share))
-                  for name in SOLVERS if name != "cpsat"}
+                  for name in options.warm_starts}
     scored = [(plan.predicted.iteration_s, plan) for plan in heuristics.values()]
     if problem.reorders:  # the engine's order is one a compiled graph may run: never plan worse than eager
         scored += _engine_order_plans(problem, options, deadline, heuristics)
@@ -156,7 +156,8 @@ def search_buckets(problem: Problem, order: list[str], buckets: list[list[str]],
         evaluations = min(options.search_evaluations, options.search_evaluations_per_unit * len(state.units))
         result, _ = improve_buckets(state, state.ready_order_buckets(buckets),
                                     max_evaluations=max(1, int(share * evaluations)), seed=seed + k,
-                                    time_limit_s=share * time_s)
+                                    time_limit_s=share * time_s, accept_worse=options.search_accept_worse,
+                                    kick_moves=options.search_kick_moves)
         buckets = state.names(result)
         candidates = [order]
         if problem.reorders and (rerun := bucket_first_order(problem.graph, order, buckets)) != order:

@@ -1,0 +1,307 @@
+"""Write ``docs/results.md`` and the README's results table from the committed ``bench/results/``.
+
+Every figure in those two places comes from here, so none is typed by hand:
+
+1. each committed result is read (``bench/results/*.json``; a testbed run's
+   period comes from its kept steps, ``runs/NAME.json.gz``, the way
+   ``bench/testbed.py --recompute`` computes it);
+2. ``docs/results.md`` gets one section per benchmark, every case a row;
+3. the README gets the headline figures (:data:`HEADLINES`) between the lines
+   :data:`BEGIN` and :data:`END`.
+
+``python bench/report.py`` writes both; ``--check`` writes nothing and exits 1
+when either differs from what it would write (a test runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kept import SUFFIX, read_kept  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+BEGIN = "<!-- results: written by bench/report.py from bench/results/; do not edit -->"
+END = "<!-- results: end -->"
+HEURISTICS = ("pytorch-ddp", "horovod", "mgwfbp", "tictac", "bytescheduler", "caramel")
+
+
+def load(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+def rows_of(data: Any) -> list[dict]:
+    """The rows of a result (results written before ``bench/provenance.py`` are a bare list)."""
+    return data["rows"] if isinstance(data, dict) else data
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+# ----------------------------------------------------------------------------- the testbed
+
+
+@dataclass(frozen=True)
+class TestbedRow:
+    mode: str
+    solver: str
+    period_s: float  # the median over rounds of the slower rank's mean step
+    predicted_s: float
+    speedup_vs: dict[str, float]  # per other mode: the median over rounds of its period over this one's
+    by_period: bool  # False: an old result without kept steps (the slower rank's median step)
+
+    @property
+    def speedup(self) -> float:
+        return self.speedup_vs["ddp"]
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_s - self.period_s) / self.period_s
+
+
+def testbed_rows(name: str) -> list[TestbedRow]:
+    """One row per mode of ``bench/results/NAME.json``, measured by period where its steps are kept."""
+    rows = rows_of(load(f"{name}.json"))
+    kept = RESULTS / "runs" / f"{name}{SUFFIX}"
+    periods: dict[str, list[float]] = {}
+    if kept.is_file():
+        runs: dict[str, dict[int, dict]] = {}
+        for file_name, measured in read_kept(kept).items():
+            mode, _, round_ = file_name.removesuffix(".json").rpartition(".")
+            if round_.isdigit() and "rank_step_s" in measured:
+                runs.setdefault(mode, {})[int(round_)] = measured
+        rounds = sorted(set.intersection(*(set(r) for r in runs.values()))) if runs else []
+        periods = {m: [max(sum(ts) / len(ts) for ts in runs[m][k]["rank_step_s"]) for k in rounds] for m in runs}
+    out = []
+    for r in rows:
+        mode = r["mode"]
+        if mode in periods and "ddp" in periods:
+            vs = {other: statistics.median(o / m for o, m in zip(periods[other], periods[mode])) for other in periods}
+            out.append(TestbedRow(mode, r["solver"], statistics.median(periods[mode]), r["predicted_s"], vs, True))
+        else:
+            measured = r.get("measured_s", r.get("measured_median_s"))
+            vs = {"ddp": r["speedup_vs_ddp"], **r.get("speedup_vs", {})}
+            out.append(TestbedRow(mode, r["solver"], measured, r["predicted_s"], vs, False))
+    return out
+
+
+def testbed_names() -> list[str]:
+    return sorted(p.stem for p in RESULTS.glob("testbed_*.json") if "rows" in json.loads(p.read_text())
+                  or isinstance(json.loads(p.read_text()), list))
+
+
+def testbed_section() -> list[str]:
+    lines = ["## The testbed: two ranks on a rate-capped link", "",
+             "`sudo python bench/testbed.py --model M --rate R --modes ... --json bench/results/NAME.json`"
+             " (method: `docs/testbed.md`). ms per step is the run's period, the median over rounds of the"
+             " slower rank's mean step; the speedup is the median over rounds of DDP's period over the"
+             " mode's; the error is the simulator's prediction against the period. Rows marked * predate"
+             " the kept steps: their figure is the slower rank's median step.", ""]
+    for name in testbed_names():
+        first = rows_of(load(f"{name}.json"))[0]
+        model = first["model"].rpartition(":")[2]
+        lines += [f"### {name}", "", f"{model} at {first['rate']}.", ""]
+        lines += table(["mode", "plan", "ms/step", "predicted", "error", "vs DDP"], [
+            [r.mode, r.solver, ms(r.period_s) + ("" if r.by_period else "*"), ms(r.predicted_s),
+             f"{r.error:+.1%}", f"{r.speedup:.3f}x"] for r in testbed_rows(name)])
+        lines.append("")
+    return lines
+
+
+# ----------------------------------------------------------------------------- simulated
+
+
+def solver_quality_section() -> list[str]:
+    data = load("solver_quality.json")
+    rows, args = data["rows"], data["arguments"]
+    lines = ["## Solvers on simulated clusters", "",
+             f"`python bench/solver_quality.py --time-limit {args['time_limit']:g} --seed {args['seed']}`"
+             f" (execution `{args['execution']}`, A100 op costs, {args['workers']} CP-SAT workers): every"
+             " heuristic and `cpsat` on each model, world size, network and mode; ms per iteration (overlap:"
+             " the steady-state period), cpsat's proven gap to its bound.", ""]
+    body = []
+    for r in rows:
+        best = min(HEURISTICS, key=lambda h: r[f"{h}_s"])
+        body.append([r["model"], str(r["world_size"]), r["network"], r["mode"], ms(r["pytorch-ddp_s"]),
+                     f"{ms(r[f'{best}_s'])} ({best})", ms(r["cpsat_s"]), r["cpsat_status"], f"{r['cpsat_gap']:.2%}",
+                     "yes" if r["no_slower_than_best"] else "**no**"])
+    lines += table(["model", "ranks", "network", "mode", "DDP", "best heuristic", "cpsat", "status", "gap",
+                    "cpsat no slower"], body)
+    return lines + [""]
+
+
+def solver_quality_summary() -> dict[str, Any]:
+    rows = load("solver_quality.json")["rows"]
+    by_mode = {m: [r for r in rows if r["mode"] == m] for m in ("barrier", "overlap")}
+    return {"cases": len(rows), "no_slower": sum(r["no_slower_than_best"] for r in rows),
+            "gap": {m: max(r["cpsat_gap"] for r in rs) for m, rs in by_mode.items()},
+            "optimal": {m: sum(r["cpsat_status"] == "OPTIMAL" for r in rs) for m, rs in by_mode.items()},
+            "per_mode": {m: len(rs) for m, rs in by_mode.items()}}
+
+
+def execution_section() -> list[str]:
+    rows = load("execution_value.json")["rows"]
+    lines = ["## What a free op order is worth", "",
+             "`python bench/execution_value.py --json bench/results/execution_value.json`: the best predicted"
+             " iteration with the autograd engine's order kept (`eager`, what `wrap` runs) and free"
+             " (`compiled`, what the compiled runtime runs); ratio = eager / compiled.", ""]
+    lines += table(["model", "ranks", "network", "mode", "DDP", "eager (solver)", "compiled (solver)", "ratio"], [
+        [r["model"], str(r["world_size"]), r["network"], r["mode"], ms(r["ddp_s"]),
+         f"{ms(r['eager_s'])} ({r['eager_solver']})", f"{ms(r['compiled_s'])} ({r['compiled_solver']})",
+         f"{r['ratio']:.3f}"] for r in rows])
+    return lines + [""]
+
+
+def steady_state_section() -> list[str]:
+    rows = load("steady_state.json")["rows"]
+    lines = ["## The steady-state engine's speed", "",
+             "`python bench/steady_state.py --json bench/results/steady_state.json`: one overlap-mode period"
+             " by the overlap search's fast path, by `simulate`, and as cpsat's hint check.", ""]
+    lines += table(["graph", "ops", "units", "search period ms", "simulate ms", "cpsat hint ms"], [
+        [r["graph"], str(r["ops"]), str(r["units"]), f"{r['search_period_ms']:.3f}", f"{r['simulate_ms']:.1f}",
+         f"{r['cpsat_hint_ms']:.1f}"] for r in rows])
+    return lines + [""]
+
+
+# ----------------------------------------------------------------------------- measured on real ranks
+
+
+def accuracy_section() -> list[str]:
+    rows = load("osp_accuracy.json")
+    ddp = {r["task"]: r["value"] for r in rows if r["mode"] == "ddp"}
+    lines = ["## OSP's accuracy", "",
+             "`python bench/osp_accuracy.py --json bench/results/osp_accuracy.json --png"
+             " bench/results/osp_accuracy.png`: two gloo ranks, the same seeds and data for every mode;"
+             " digits is scikit-learn's digits with a small CNN (test accuracy), text is `gpt_tied` on the"
+             " standard library's Python sources (validation loss).", ""]
+    body = []
+    for r in rows:
+        delta = (f"{(r['value'] - ddp[r['task']]) * 100:+.2f} pt" if r["metric"] == "test_accuracy"
+                 else f"{(r['value'] - ddp[r['task']]) / ddp[r['task']]:+.2%}")
+        value = f"{r['value']:.2%}" if r["metric"] == "test_accuracy" else f"{r['value']:.4f}"
+        body.append([r["task"], r["mode"], r["metric"], value, delta, ", ".join(r["stage2"]) or "-",
+                     f"{r['stale_fraction']:.0%}"])
+    lines += table(["task", "mode", "metric", "value", "vs DDP", "stage 2", "stale bytes"], body)
+    return lines + ["", "![curves](../bench/results/osp_accuracy.png)", ""]
+
+
+def overhead_section() -> list[str]:
+    rows = load("runtime_overhead.json")
+    lines = ["## The runtime's overhead", "",
+             "`python bench/runtime_overhead.py --startup none`: two gloo ranks on localhost (no rate cap),"
+             " DDP and `wrap` with DDP's buckets in barrier and overlap mode, steps interleaved; medians.", ""]
+    lines += table(["model", "DDP ms", "barrier ms", "overlap ms", "barrier / DDP", "overlap / barrier"], [
+        [r["model"], ms(r["ddp_median_s"]), ms(r["schedopt_median_s"]), ms(r["overlap_median_s"]),
+         f"{r['ratio']:.3f}", f"{r['overlap_over_barrier']:.3f}"] for r in rows])
+    return lines + [""]
+
+
+SECTIONS: tuple[Callable[[], list[str]], ...] = (
+    solver_quality_section, execution_section, testbed_section, accuracy_section, overhead_section,
+    steady_state_section)
+
+
+def render_results() -> str:
+    lines = ["# Results", "", "Written by `python bench/report.py` from the committed `bench/results/`; every"
+             " command that made a result is named beside it. Do not edit: rerun the command, then the report.",
+             ""]
+    for section in SECTIONS:
+        lines += section()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ----------------------------------------------------------------------------- the README's headline table
+
+
+def _row(name: str, mode: str) -> TestbedRow:
+    return next(r for r in testbed_rows(name) if r.mode == mode)
+
+
+def _testbed_headline(what: str, name: str, mode: str, against: str | None = None) -> list[str]:
+    row = _row(name, mode)
+    return [what, f"{row.speedup_vs[against or 'ddp']:.3f}x {against or 'DDP'}, predicted {row.error:+.1%}",
+            f"`{name}`"]
+
+
+def headline_rows() -> list[list[str]]:
+    q = solver_quality_summary()
+    ev = load("execution_value.json")["rows"]
+    ratios = [r["ratio"] for r in ev]
+    acc = {(r["task"], r["mode"]): r["value"] for r in load("osp_accuracy.json")}
+    overhead = {r["model"]: r for r in load("runtime_overhead.json")}
+    return [
+        ["cpsat against the best heuristic (simulated, 5 models x 8/64 ranks x 10/100 GbE x 2 modes)",
+         f"no slower in {q['no_slower']} of {q['cases']}; proven gap at most {q['gap']['barrier']:.2%} barrier "
+         f"({q['optimal']['barrier']} of {q['per_mode']['barrier']} optimal), {q['gap']['overlap']:.2%} overlap",
+         "`solver_quality.json`"],
+        ["the engine's op order against a free one (simulated, best plan each)",
+         f"at most {max(ratios) - 1:.1%} slower, median {statistics.median(ratios) - 1:.1%}",
+         "`execution_value.json`"],
+        _testbed_headline("ResNet-18, overlap, 2 ranks at 550 Mbit/s (measured)", "testbed_resnet18_550mbit_period",
+                          "overlap"),
+        _testbed_headline("gpt_tied, osp, 2 ranks at 400 Mbit/s (measured)", "testbed_gpt_tied_400mbit_order", "osp"),
+        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_400mbit_order", "osp",
+                          "overlap"),
+        _testbed_headline("ResNet-18, compiled runtime with a free-order plan, over torch.compile + DDP (measured)",
+                          "testbed_resnet18_550mbit_compiled_order", "compiled", "compiled-ddp"),
+        ["OSP's accuracy, 2 ranks (digits test accuracy; text validation loss)",
+         f"digits {(acc['digits', 'osp'] - acc['digits', 'ddp']) * 100:+.2f} pt, text "
+         f"{(acc['text', 'osp'] - acc['text', 'ddp']) / acc['text', 'ddp']:+.2%} against DDP; overlap mode equal "
+         "to DDP bit for bit", "`osp_accuracy.json`"],
+        ["the runtime's own cost, no rate cap (ResNet-18, DDP's buckets)",
+         f"barrier {overhead['resnet18']['ratio']:.3f}x DDP's step, overlap "
+         f"{overhead['resnet18']['overlap_over_barrier']:.3f}x barrier's", "`runtime_overhead.json`"],
+    ]
+
+
+def render_headline() -> str:
+    lines = [BEGIN] + table(["what", "figure", "from `bench/results/`"], headline_rows()) + [END]
+    return "\n".join(lines)
+
+
+def readme_with_headline(text: str) -> str:
+    """``text`` (the README) with the block between :data:`BEGIN` and :data:`END` rewritten.
+
+    Raises:
+        ValueError: the README lacks the two marker lines.
+    """
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"README.md has no results block ({BEGIN!r} ... {END!r})")
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return head + render_headline() + tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is out of date")
+    args = parser.parse_args(argv)
+    wanted = {DOC: render_results(), README: readme_with_headline(README.read_text())}
+    stale = [path for path, text in wanted.items() if not path.is_file() or path.read_text() != text]
+    if args.check:
+        for path in stale:
+            print(f"report: {path.relative_to(ROOT)} is out of date: run python bench/report.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(wanted[path])
+        print(f"report: wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
