@@ -13,7 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    """``git ARGS``'s output in the repository; empty where there is no git (a copied tree on another machine)."""
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""
 
 
 _started_at: str | None = None
@@ -23,7 +27,7 @@ def begin() -> None:
     """Record the commit the bench starts from (what its code was); call it before the work."""
     global _started_at
     if _started_at is None:
-        _started_at = _git("rev-parse", "HEAD") + ("+dirty" if _git("status", "--porcelain") else "")
+        _started_at = (_git("rev-parse", "HEAD") or "unknown") + ("+dirty" if _git("status", "--porcelain") else "")
 
 
 def provenance(arguments: dict[str, Any]) -> dict[str, Any]:

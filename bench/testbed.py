@@ -70,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -228,7 +228,7 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, i
 # ----------------------------------------------------------------------------- the bench
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="examples/models.py:resnet18", help="path/to/file.py:factory")
     parser.add_argument("--rate", default="550mbit", help="tbf rate on each veth end (tc units), or none")
@@ -253,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recompute", nargs="+", metavar="RUN",
                         help="run nothing: print the periods and speedups of each kept RUN "
                              "(bench/results/runs/*.json.gz, or a --keep directory)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.recompute:
         return recompute(args.recompute)
     global PIN
@@ -302,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> list[dict]:
-    from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound
-    from schedopt.problem import DEFERRED_MODES
+    from schedopt import Cluster, TrainGraph
 
     def left() -> float:
         if (rest := deadline - time.monotonic()) <= 0:
@@ -323,8 +326,15 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     graph_file = work / "graph.json"
     profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
     graph = TrainGraph.load(graph_file)
-    # 4. plan with every solver, in each mode measured (a -slack mode: on a link --plan-margin slower)
-    slowed = work / "cluster.slowed.json"
+    plan_of = plan_modes(args, modes, work, cluster, graph_file, left)  # 4
+    measured = run_rounds(args, link, modes, plan_of, work, batch, left)  # 5
+    return result_rows(args, modes, plan_of, measured, graph, cluster, fit["r2"], work)  # 6
+
+
+def plan_modes(args, modes: list[str], work: Path, cluster, graph_file: Path, left) -> dict[str, Path]:
+    """Step 4: plan with every solver, in each mode measured (a -slack mode: on a link --plan-margin
+    slower); each mode's best plan file."""
+    cluster_file, slowed = work / "cluster.json", work / "cluster.slowed.json"
     if any(m.endswith(SLACK) for m in modes):
         replace(cluster, name=f"{cluster.name}, {args.plan_margin:.0%} slower",
                 bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(slowed)
@@ -349,19 +359,35 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
             plan_of["ddp"] = plans_dir / "pytorch-ddp.plan.json"
     for mode, same in COMPILED_RUNS.items():
         plan_of[mode] = plan_of[same]
-    # 5. interleaved runs
-    steps: dict[str, list[list[float]]] = {m: [] for m in modes}  # the slowest rank's time per step, per run
-    periods: dict[str, list[float]] = {m: [] for m in modes}  # the slowest rank's mean step, per run
-    waits: dict[str, list[float]] = {m: [] for m in modes}  # overlap: rank 0's forward waits per step
-    phases: dict[str, list[list[float]]] = {m: [] for m in modes}  # rank 0's forward, backward, optimizer
-    profiles: list = []  # the profile taken just before each run
+    return plan_of
+
+
+@dataclass
+class Measured:
+    """Step 5's record, per mode: the slowest rank's steps and mean step (each run), rank 0's forward
+    waits and phases; and the profile taken before each run."""
+
+    steps: dict[str, list[list[float]]]
+    periods: dict[str, list[float]]
+    waits: dict[str, list[float]]
+    phases: dict[str, list[list[float]]]
+    profiles: list
+
+
+def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], work: Path, batch: list[str],
+               left) -> Measured:
+    """Step 5: interleaved rounds (ABC, CBA, ...), each run profiled just before (--reprofile)."""
+    from schedopt import TrainGraph
+
+    m = Measured(steps={k: [] for k in modes}, periods={k: [] for k in modes}, waits={k: [] for k in modes},
+                 phases={k: [] for k in modes}, profiles=[])
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             if args.reprofile:  # this host's compute speed moves by tens of percent within minutes
                 run_graph = work / f"graph.{mode}.{round_}.json"
                 profile_both(args.model, run_graph, batch=batch, timeout_s=min(600, left()), iterations=3,
                              report=False)
-                profiles.append(TrainGraph.load(run_graph))
+                m.profiles.append(TrainGraph.load(run_graph))
             out = work / f"{mode}.{round_}.json"
             torch_ddp = mode in ("ddp", "compiled-ddp")
             env = {} if torch_ddp else {"SCHEDOPT_PLAN": str(plan_of[mode])}
@@ -370,14 +396,22 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
                           "--threads", "1", "--quiet", "--seed", str(args.seed), "--json", str(out), *batch],
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
             measured = json.loads(out.read_text())
-            steps[mode].append(measured["step_s"])
-            periods[mode].append(run_period(measured))
-            waits[mode] += measured.get("rank0_wait_s", [])
-            phases[mode] += measured.get("rank0_phases_s", [])
-            profiled = f" (profiled {_step_s(profiles[-1]) * 1e3:.0f} ms)" if args.reprofile else ""
-            print(f"  round {round_} {mode:13s} {periods[mode][-1] * 1e3:.1f} ms per step{profiled}")
-    # 6. rows
-    pooled = _pooled(profiles) if profiles else graph
+            m.steps[mode].append(measured["step_s"])
+            m.periods[mode].append(run_period(measured))
+            m.waits[mode] += measured.get("rank0_wait_s", [])
+            m.phases[mode] += measured.get("rank0_phases_s", [])
+            profiled = f" (profiled {_step_s(m.profiles[-1]) * 1e3:.0f} ms)" if args.reprofile else ""
+            print(f"  round {round_} {mode:13s} {m.periods[mode][-1] * 1e3:.1f} ms per step{profiled}")
+    return m
+
+
+def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, graph, cluster, r2: float,
+                work: Path) -> list[dict]:
+    """Step 6: a row per mode, predicted from the pooled profile (kept in ``work`` with each mode's plan)."""
+    from schedopt import Plan, Problem, lower_bound
+    from schedopt.problem import DEFERRED_MODES
+
+    pooled = _pooled(m.profiles) if m.profiles else graph
     pooled.save(work / POOLED)
     bound = lower_bound(Problem(graph=pooled, cluster=cluster, mode="overlap"))  # max(compute, comm)
     rows = []
@@ -385,29 +419,27 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         plan = Plan.load(plan_of[mode])
         shutil.copy(plan_of[mode], work / f"{mode}{PLAN}")
         timeline = predict(plan, pooled, cluster)
-        flat = [t for run_ in steps[mode] for t in run_]
-
-        measured_s = statistics.median(periods[mode])
+        flat = [t for run_ in m.steps[mode] for t in run_]
+        measured_s = statistics.median(m.periods[mode])
         rows.append({
             "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
-            "measured_s": measured_s, "measured_runs_s": periods[mode],
+            "measured_s": measured_s, "measured_runs_s": m.periods[mode],
             "step_median_s": statistics.median(flat), "step_min_s": min(flat),
             "step_max_s": max(flat), "num_steps": len(flat),
             "predicted_s": timeline.iteration_s, "predicted_planning_s": predict(plan, graph, cluster).iteration_s,
-            "profiled_s": [_step_s(g) for g in profiles], "compute_s": timeline.compute_s, "comm_s": timeline.comm_s,
-            "bound_s": bound,
-            "measured_wait_median_s": statistics.median(waits[mode]) if waits[mode] else None,
+            "profiled_s": [_step_s(g) for g in m.profiles], "compute_s": timeline.compute_s,
+            "comm_s": timeline.comm_s, "bound_s": bound,
+            "measured_wait_median_s": statistics.median(m.waits[mode]) if m.waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
-            "speedup_vs_ddp": round_ratio(periods["ddp"], periods[mode]),
-            "speedup_vs": {other: round_ratio(periods[other], periods[mode]) for other in modes if other != mode},
+            "speedup_vs_ddp": round_ratio(m.periods["ddp"], m.periods[mode]),
+            "speedup_vs": {other: round_ratio(m.periods[other], m.periods[mode]) for other in modes if other != mode},
             "execution": plan.execution,
-            "measured_phases_s": [statistics.median(p) for p in zip(*phases[mode])] if phases[mode] else None,
+            "measured_phases_s": [statistics.median(p) for p in zip(*m.phases[mode])] if m.phases[mode] else None,
             "predicted_phases_s": _phases(timeline),
             "prediction_error": (timeline.iteration_s - measured_s) / measured_s,
-            "cluster": cluster.to_json(), "calibration_r2": fit["r2"],
+            "cluster": cluster.to_json(), "calibration_r2": r2,
         })
     return rows
-
 
 def predict(plan, graph, cluster, *, engine: bool = False):
     """The simulated timeline of ``plan`` on ``graph``; ``engine``: an eager plan on the graph's engine order now.

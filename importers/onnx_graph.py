@@ -145,8 +145,6 @@ def from_onnx(
             external-data file is missing, the checker rejects the model, or a
             ``trainable`` name is not a float initializer.
     """
-    import onnx
-
     path = Path(path)
     spec = device if isinstance(device, DeviceSpec) else DeviceSpec.preset(device)
     name = name or path.stem
@@ -160,7 +158,31 @@ def from_onnx(
         for pos, tensor in enumerate(node.input):
             consumers.setdefault(tensor, []).append((node, pos))
 
-    # 2. trainable parameters
+    chosen = _trainable(name, inits, consumers, trainable)  # 2
+    ids: set[str] = set()
+    forward, alias, unruled = _forward_ops(graph, info, chosen, ids)  # 3-4
+    if unruled:
+        warnings.warn(f"{name}: no FLOP rule for {', '.join(sorted(unruled))}; those ops cost their bytes only",
+                      stacklevel=2)
+    outputs = tuple(dict.fromkeys(alias[o.name][1] for o in graph.output
+                                  if o.name in alias and alias[o.name][0] == "op"))
+    if not outputs:
+        raise GraphImportError(f"{name}: no graph output is computed from float data")
+    out_elems = sum(_numel(info.get(o.name, (None, 0))[0]) for o in graph.output)
+    forward.append(ForwardOp(id=_unique("loss", ids), kind="loss", inputs=outputs, flops=3.0 * out_elems,
+                             bytes_moved=4.0 * out_elems))
+    specs = [ParamSpec(name=n, shape=tuple(inits[n].dims), dtype=_ONNX_DTYPES[inits[n].data_type])
+             for n in chosen]
+    try:
+        return training_graph(name, forward, specs, device=spec, optimizer=optimizer,
+                              meta={"importer": "onnx", "source": str(path)})
+    except InvalidGraphError as exc:
+        raise GraphImportError(f"{name}: {exc}") from exc
+
+
+def _trainable(name: str, inits: dict[str, Any], consumers: dict[str, list[tuple[Any, int]]],
+               trainable: Iterable[str] | None) -> list[str]:
+    """Step 2: the trainable parameters (``trainable``, or the float initializers that feed weight inputs)."""
     float_inits = [n for n, t in inits.items() if t.data_type in _FLOAT_TYPES]
     if trainable is not None:
         chosen = list(dict.fromkeys(trainable))
@@ -170,11 +192,18 @@ def from_onnx(
     else:
         chosen = [n for n in float_inits if _feeds_weight_input(n, consumers, inits)]
 
-    # 3-4. forward ops
+    return chosen
+
+
+def _forward_ops(graph: Any, info: dict[str, Any], chosen: list[str], ids: set[str]
+                 ) -> tuple[list[ForwardOp], dict[str, tuple[str, str]], set[str]]:
+    """Steps 3-4: the forward ops with FLOPs and bytes, layout ops folded into their sources; the tensors'
+    sources and the op types without a FLOP rule (``ids``: the op ids taken, added to)."""
+    import onnx
+
     alias: dict[str, tuple[str, str]] = {n: ("param", n) for n in chosen}  # tensor -> ("param"|"op", id)
     forward: list[ForwardOp] = []
     unruled: set[str] = set()
-    ids: set[str] = set()
     for index, node in enumerate(graph.node):
         if node.op_type in ("Constant", "Shape", "Size") or not _has_float_output(node, info):
             continue
@@ -205,23 +234,7 @@ def from_onnx(
         ))
         for out in node.output:
             alias[out] = ("op", op_id)
-    if unruled:
-        warnings.warn(f"{name}: no FLOP rule for {', '.join(sorted(unruled))}; those ops cost their bytes only",
-                      stacklevel=2)
-    outputs = tuple(dict.fromkeys(alias[o.name][1] for o in graph.output
-                                  if o.name in alias and alias[o.name][0] == "op"))
-    if not outputs:
-        raise GraphImportError(f"{name}: no graph output is computed from float data")
-    out_elems = sum(_numel(info.get(o.name, (None, 0))[0]) for o in graph.output)
-    forward.append(ForwardOp(id=_unique("loss", ids), kind="loss", inputs=outputs, flops=3.0 * out_elems,
-                             bytes_moved=4.0 * out_elems))
-    specs = [ParamSpec(name=n, shape=tuple(inits[n].dims), dtype=_ONNX_DTYPES[inits[n].data_type])
-             for n in chosen]
-    try:
-        return training_graph(name, forward, specs, device=spec, optimizer=optimizer,
-                              meta={"importer": "onnx", "source": str(path)})
-    except InvalidGraphError as exc:
-        raise GraphImportError(f"{name}: {exc}") from exc
+    return forward, alias, unruled
 
 
 def _load(path: Path):

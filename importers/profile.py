@@ -68,7 +68,6 @@ def profile_torch(
         GraphImportError: the model cannot be traced or run.
     """
     import torch
-    from torch.fx import Interpreter
 
     if iterations < 1:
         raise GraphImportError(f"profiling needs iterations >= 1, got {iterations}")
@@ -87,6 +86,34 @@ def profile_torch(
 
     # 2. time every op node
     samples: dict[str, list[float]] = {n: [] for n in builder.node_ops}
+    timer = _op_timer(traced, samples, sync)
+    optimizer = torch.optim.SGD(list(params.values()), lr=lr)
+    steps, opt_times, ratios = _interleaved_runs(model, example_inputs, loss_fn, optimizer, timer, flat_args,
+                                                 samples, sync, warmup=warmup, iterations=iterations, name=name)
+    durations = {op_id: statistics.median(samples[node_name]) * share
+                 for node_name, parts in builder.node_ops.items() for op_id, share in parts}
+    durations["optimizer.step"] = statistics.median(opt_times)
+
+    # 4. measured graph and report
+    profiled = graph.with_durations(durations, meta={
+        "costs": "profiled", "profile_device": "cuda" if on_cuda else "cpu", "profile_iterations": iterations,
+        # osp's stage-2 tie-break (solvers/stages.py): how far a stale copy moves per step
+        "grad_to_weight": {n: statistics.median(v) for n, v in ratios.items() if v and n in graph.params},
+    })
+    report = ProfileReport(
+        device="cuda" if on_cuda else "cpu",
+        num_iterations=iterations,
+        measured_step_s=statistics.median(steps),
+        predicted_step_s=sum(op.duration_s for op in profiled.ops.values()),
+        optimizer_s=durations["optimizer.step"],
+        num_ops_timed=len(durations),
+    )
+    return profiled, report
+
+
+def _op_timer(traced: Any, samples: dict[str, list[float]], sync: Callable[[], None]) -> Any:
+    """An FX interpreter of ``traced`` that adds each op node's time of a run to ``samples`` (see below)."""
+    from torch.fx import Interpreter
 
     class Timer(Interpreter):
         """Time each call together with the frees it makes due, and nothing of the interpreter.
@@ -132,8 +159,16 @@ def profile_torch(
             self.last_op = None
             return super().run(*args, enable_io_processing=False)
 
-    timer = Timer(traced)
-    optimizer = torch.optim.SGD(list(params.values()), lr=lr)
+
+    return Timer(traced)
+
+
+def _interleaved_runs(model: Any, example_inputs: tuple, loss_fn: Callable[..., Any], optimizer: Any, timer: Any,
+                      flat_args: list[Any], samples: dict[str, list[float]], sync: Callable[[], None], *,
+                      warmup: int, iterations: int, name: str) -> tuple[list[float], list[float], dict]:
+    """Steps 2-3: the traced run, the eager step and the optimizer, interleaved; the eager steps, the
+    optimizer steps and each parameter's ``|g| / |w|`` over the measured iterations."""
+    import torch
 
     def timed(fn: Callable[[], Any]) -> float:
         sync()
@@ -165,28 +200,7 @@ def profile_torch(
                 _record_grad_to_weight(model, ratios)  # outside the timed calls
     except Exception as exc:  # noqa: BLE001 - user model failed at run time
         raise GraphImportError(f"running {name} failed while profiling: {type(exc).__name__}: {exc}") from exc
-    durations: dict[str, float] = {}
-    for node_name, parts in builder.node_ops.items():
-        t = statistics.median(samples[node_name])
-        for op_id, share in parts:
-            durations[op_id] = t * share
-    durations["optimizer.step"] = statistics.median(opt_times)
-
-    # 4. measured graph and report
-    profiled = graph.with_durations(durations, meta={
-        "costs": "profiled", "profile_device": "cuda" if on_cuda else "cpu", "profile_iterations": iterations,
-        # osp's stage-2 tie-break (solvers/stages.py): how far a stale copy moves per step
-        "grad_to_weight": {n: statistics.median(v) for n, v in ratios.items() if v and n in graph.params},
-    })
-    report = ProfileReport(
-        device="cuda" if on_cuda else "cpu",
-        num_iterations=iterations,
-        measured_step_s=statistics.median(steps),
-        predicted_step_s=sum(op.duration_s for op in profiled.ops.values()),
-        optimizer_s=durations["optimizer.step"],
-        num_ops_timed=len(durations),
-    )
-    return profiled, report
+    return steps, opt_times, ratios
 
 
 def _record_grad_to_weight(model: Any, ratios: dict[str, list[float]]) -> None:

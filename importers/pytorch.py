@@ -275,24 +275,7 @@ class AtenGraphBuilder:
         if loss_kind != "op":
             raise GraphImportError(f"{self.name}: the loss is not computed by any op")
 
-        grads: dict[str, str] = {}
-        unused = []
-        for pname, grad in zip(self.param_names, grad_nodes):
-            if grad is None:
-                unused.append(pname)
-                continue
-            index = grad.args[1] if grad.target is operator.getitem else None
-            src = grad.args[0] if grad.target is operator.getitem else grad
-            kind, ident = self._resolve(src, index) if src in self.source else ("const", "")
-            if kind != "op":
-                raise GraphImportError(f"{self.name}: the gradient of {pname} is not computed by an op")
-            grads[pname] = ident
-        if unused:
-            raise GraphImportError(
-                f"{self.name}: parameters unused by the loss get no gradient: {', '.join(unused[:5])}"
-                + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
-                + " (freeze them with requires_grad_(False))"
-            )
+        grads = self._gradient_ops(grad_nodes)
         finished: dict[str, list[str]] = {}
         for pname, op_id in grads.items():
             finished.setdefault(op_id, []).append(pname)
@@ -316,6 +299,28 @@ class AtenGraphBuilder:
             )
         except InvalidGraphError as exc:
             raise GraphImportError(f"{self.name}: traced graph is not a valid training graph: {exc}") from exc
+
+    def _gradient_ops(self, grad_nodes: list[Any]) -> dict[str, str]:
+        """Each parameter's gradient op id, from the step's gradient outputs; an unused parameter is an error."""
+        grads: dict[str, str] = {}
+        unused = []
+        for pname, grad in zip(self.param_names, grad_nodes):
+            if grad is None:
+                unused.append(pname)
+                continue
+            index = grad.args[1] if grad.target is operator.getitem else None
+            src = grad.args[0] if grad.target is operator.getitem else grad
+            kind, ident = self._resolve(src, index) if src in self.source else ("const", "")
+            if kind != "op":
+                raise GraphImportError(f"{self.name}: the gradient of {pname} is not computed by an op")
+            grads[pname] = ident
+        if unused:
+            raise GraphImportError(
+                f"{self.name}: parameters unused by the loss get no gradient: {', '.join(unused[:5])}"
+                + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+                + " (freeze them with requires_grad_(False))"
+            )
+        return grads
 
     def _add(self, node, phase: str) -> None:
         target = node.target
@@ -396,17 +401,35 @@ _VIEW_METHODS = {
 
 
 def _module_graph(model, inputs, loss_fn, device: DeviceSpec, optimizer, name: str) -> TrainGraph:
-    import torch
-    from torch.fx import Interpreter, symbolic_trace
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.fx import symbolic_trace
 
     try:
         gm = symbolic_trace(model)
     except Exception as exc:  # noqa: BLE001 - any tracing failure becomes one clear error
         raise GraphImportError(f"cannot trace {name} with torch.fx ({_first_line(exc)})") from exc
-
     params = trainable_parameters(model)
     canonical = {id(p): n for n, p in params.items()}
+    flops, values, output, loss_flops = _probe_module(gm, inputs, loss_fn, name)
+    forward, source = _module_forward_ops(gm, canonical, flops, values)
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    loss_inputs = tuple(dict.fromkeys(source[n.name][1] for n in out_node.all_input_nodes
+                                      if source[n.name][0] == "op"))
+    forward.append(ForwardOp(id="loss", kind="loss", inputs=loss_inputs, flops=loss_flops,
+                             bytes_moved=float(_nbytes(output))))
+    specs = [ParamSpec(name=n, shape=tuple(p.shape), dtype=torch_dtype_name(p.dtype)) for n, p in params.items()]
+    try:
+        return training_graph(name, forward, specs, device=device, optimizer=optimizer,
+                              meta={"importer": "torch.module"})
+    except InvalidGraphError as exc:
+        raise GraphImportError(f"{name}: {exc}") from exc
+
+
+def _probe_module(gm, inputs, loss_fn, name: str) -> tuple[dict[str, float], dict[str, Any], Any, float]:
+    """Run ``gm`` and the loss under fake tensors: each node's FLOPs and value, the output, the loss's FLOPs."""
+    import torch
+    from torch.fx import Interpreter
+    from torch.utils.flop_counter import FlopCounterMode
+
     flops: dict[str, float] = {}
     values: dict[str, Any] = {}
 
@@ -425,35 +448,33 @@ def _module_graph(model, inputs, loss_fn, device: DeviceSpec, optimizer, name: s
         with fake_mode, FlopCounterMode(display=False) as counter:
             output = Probe(gm).run(*fake_inputs)
             before = counter.get_total_flops()
-            loss = loss_fn(output, *fake_inputs)
+            loss_fn(output, *fake_inputs)
             loss_flops = float(counter.get_total_flops() - before)
     except Exception as exc:  # noqa: BLE001
         raise GraphImportError(f"cannot run {name} on its example inputs ({_first_line(exc)})") from exc
-    del loss
+    return flops, values, output, loss_flops
 
+
+def _module_forward_ops(gm, canonical: dict[int, str], flops: dict[str, float],
+                        values: dict[str, Any]) -> tuple[list[ForwardOp], dict[str, tuple[str, Any]]]:
+    """The forward ops of a module-level trace, views and constants folded into their sources."""
     view_functions = _view_functions()
     source: dict[str, tuple[str, Any]] = {}  # node name -> ("param", names) | ("op", id) | ("const", None)
     forward: list[ForwardOp] = []
     for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            source[node.name] = ("const", None)
-            continue
-        if node.op == "output":
+        if node.op in ("placeholder", "output"):
+            if node.op == "placeholder":
+                source[node.name] = ("const", None)
             continue
         if node.op == "get_attr":
-            attr = _get_attr(gm, node.target)
-            pname = canonical.get(id(attr))
+            pname = canonical.get(id(_get_attr(gm, node.target)))
             source[node.name] = ("param", (pname,)) if pname else ("const", None)
             continue
         out = values.get(node.name)
         ins = [source[n.name] for n in node.all_input_nodes]
-        is_alias = (
-            (node.op == "call_method" and node.target in _VIEW_METHODS)
-            or (node.op == "call_function" and node.target in view_functions)
-            or not _tensors(out)
-        )
-        if is_alias:
-            source[node.name] = next((s for s in ins if s[0] != "const"), ("const", None))
+        if ((node.op == "call_method" and node.target in _VIEW_METHODS)
+                or (node.op == "call_function" and node.target in view_functions) or not _tensors(out)):
+            source[node.name] = next((s for s in ins if s[0] != "const"), ("const", None))  # an alias
             continue
         reads = [p for kind, names in ins if kind == "param" for p in names]
         if node.op == "call_module":
@@ -472,18 +493,7 @@ def _module_graph(model, inputs, loss_fn, device: DeviceSpec, optimizer, name: s
             grad_input_flops=f * max(1, len(producers)) if not reads else f,
         ))
         source[node.name] = ("op", node.name)
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    loss_inputs = tuple(dict.fromkeys(source[n.name][1] for n in out_node.all_input_nodes
-                                      if source[n.name][0] == "op"))
-    forward.append(ForwardOp(id="loss", kind="loss", inputs=loss_inputs, flops=loss_flops,
-                             bytes_moved=float(_nbytes(output))))
-    specs = [ParamSpec(name=n, shape=tuple(p.shape), dtype=torch_dtype_name(p.dtype)) for n, p in params.items()]
-    try:
-        return training_graph(name, forward, specs, device=device, optimizer=optimizer,
-                              meta={"importer": "torch.module"})
-    except InvalidGraphError as exc:
-        raise GraphImportError(f"{name}: {exc}") from exc
-
+    return forward, source
 
 def _fake_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode

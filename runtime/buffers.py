@@ -15,7 +15,7 @@ hands the buffer just issued to its reader and installs the other one.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 

@@ -171,8 +171,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from .importers.profile import profile_torch
 
     spec = load_factory(args.model, batch_size=args.batch_size)
-    graph, report = profile_torch(spec.model, spec.example_inputs, loss_fn=spec.loss_fn, name=spec.name,
-                                  iterations=args.iterations)
+    model, inputs = spec.model, spec.example_inputs
+    if args.on == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SchedoptError("profile --on cuda: this machine has no CUDA device")
+        model = model.to("cuda")
+        inputs = tuple(x.to("cuda") if isinstance(x, torch.Tensor) else x for x in inputs)
+    graph, report = profile_torch(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations)
     graph.save(args.output)
     print(_describe_graph(graph))
     print(f"measured step {format_duration(report.measured_step_s)} on {report.device} "
@@ -386,8 +393,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _write_comparison_chart(problem: Problem, saved: dict[str, tuple[Plan, Any]], rows: list[dict[str, Any]],
                             path: Path) -> None:
     """DDP's timeline (in barrier mode, as torch runs it) above the best plan's, on one time axis."""
-    from dataclasses import replace
-
     from .report import BASELINE, ddp_timeline
     from .trace import write_gantt_comparison
 
@@ -472,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path/to/file.py:factory")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
     p.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (default 10)")
+    p.add_argument("--on", choices=("cpu", "cuda"), default="cpu", help="where the step runs (default cpu)")
     p.add_argument("-o", "--output", default="graph.json", help="where to write the graph (default graph.json)")
     p.set_defaults(run=_cmd_profile)
 

@@ -433,20 +433,35 @@ def validate(graph: TrainGraph) -> None:
     Raises:
         InvalidGraphError: naming the first violated invariant.
     """
-    # 1. acyclic, phases forward-only
+    _check_dag(graph)
+    _check_ops(graph)
+    _check_params(graph)
+
+
+def _check_dag(graph: TrainGraph) -> None:
+    """Step 1: acyclic, phases forward-only."""
     if not nx.is_directed_acyclic_graph(graph.dag):
         cycle = nx.find_cycle(graph.dag)
         path = " -> ".join([u for u, _ in cycle] + [cycle[-1][1]])
         raise InvalidGraphError(f"the graph has a cycle: {path}")
     for op in graph.ops.values():
-        # 2. phases and numbers
         if op.phase not in _PHASE_RANK:
             raise InvalidGraphError(f"op {op.id!r} has unknown phase {op.phase!r}; valid: {', '.join(PHASES)}")
+    for before, after in graph.dag.edges:
+        if _PHASE_RANK[graph.ops[before].phase] > _PHASE_RANK[graph.ops[after].phase]:
+            raise InvalidGraphError(
+                f"edge {before!r} -> {after!r} runs from phase {graph.ops[before].phase} "
+                f"back to {graph.ops[after].phase}"
+            )
+
+
+def _check_ops(graph: TrainGraph) -> None:
+    """Steps 2 and 3: numbers finite and >= 0, a bounded step, names that are parameters."""
+    for op in graph.ops.values():
         for name in ("duration_s", "flops", "bytes_moved"):
             value = getattr(op, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise InvalidGraphError(f"op {op.id!r} has {name} = {value!r}; expected a finite number >= 0")
-        # 3. names are parameters
         for name in (*op.reads, *op.grads):
             if name not in graph.params:
                 raise InvalidGraphError(f"op {op.id!r} names {name!r}, which is not a trainable parameter")
@@ -454,13 +469,10 @@ def validate(graph: TrainGraph) -> None:
     if not math.isfinite(total_s) or total_s > MAX_STEP_S:
         raise InvalidGraphError(f"the ops' durations add up to {total_s:g} s per step; expected at most "
                                 f"{MAX_STEP_S:g} s (a unit error?)")
-    for before, after in graph.dag.edges:
-        if _PHASE_RANK[graph.ops[before].phase] > _PHASE_RANK[graph.ops[after].phase]:
-            raise InvalidGraphError(
-                f"edge {before!r} -> {after!r} runs from phase {graph.ops[before].phase} "
-                f"back to {graph.ops[after].phase}"
-            )
-    # 4. exactly one grad op per parameter
+
+
+def _check_params(graph: TrainGraph) -> None:
+    """Steps 4 and 5: exactly one backward grad op per parameter; shapes and dtypes."""
     finishers: dict[str, list[str]] = {}
     for op in graph.ops.values():
         for name in op.grads:
@@ -479,7 +491,6 @@ def validate(graph: TrainGraph) -> None:
                 f"parameter {param.name!r} must be finished by exactly one op ({param.grad_op!r}); "
                 f"ops listing it in grads: {ops_listing or 'none'}"
             )
-        # 5. shapes and dtypes
         if any(d < 0 for d in param.shape):
             raise InvalidGraphError(f"parameter {param.name!r} has a negative dimension in shape {param.shape}")
         if param.dtype not in DTYPE_SIZES:

@@ -251,15 +251,7 @@ class Plan:
                 f"unsupported plan schema {schema!r}; this schedopt reads {', '.join(map(repr, READABLE_SCHEMAS))}"
             )
         model, solver = root.object("model"), root.object("solver")
-        params = None
-        if model.get("params", None) is not None:
-            params = []
-            for k, entry in enumerate(model.array("params")):
-                if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
-                        and isinstance(entry[1], list) and isinstance(entry[2], str)
-                        and all(isinstance(d, int) and not isinstance(d, bool) for d in entry[1])):
-                    raise model.fail(f"params[{k}]", "[name, shape, dtype]", entry)
-                params.append((entry[0], tuple(entry[1]), entry[2]))
+        params = _params_of(model)
         cluster = root.object("cluster")
         try:
             parsed_cluster = Cluster.from_json(cluster.data)
@@ -269,14 +261,7 @@ class Plan:
         if root.get("predicted", None) is not None:
             p = root.object("predicted")
             predicted = Prediction(**{k: p.number(k) for k in Prediction.__dataclass_fields__})
-        ops = None
-        if root.get("ops", None) is not None:
-            ops = {}
-            for op_id, entry in root.mapping("ops").items():
-                if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, str) for x in entry[:2])
-                        and isinstance(entry[2], list) and all(isinstance(g, str) for g in entry[2])):
-                    raise root.fail(f"ops.{op_id}", "[kind, phase, [gradient, ...]]", entry)
-                ops[op_id] = PlanOp(kind=entry[0], phase=entry[1], grads=tuple(entry[2]))
+        ops = _ops_of(root)
         return cls(
             model=ModelRef(name=model.string("name"), fingerprint=model.string("fingerprint"),
                            params_fingerprint=model.string("params_fingerprint"),
@@ -311,6 +296,33 @@ class Plan:
         return replace(self, predicted=predicted)
 
 
+def _params_of(model: Fields) -> list[tuple[str, tuple[int, ...], str]] | None:
+    """The plan's ``model.params`` (``[name, shape, dtype]`` each), or None where it has none."""
+    if model.get("params", None) is None:
+        return None
+    params = []
+    for k, entry in enumerate(model.array("params")):
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], list) and isinstance(entry[2], str)
+                and all(isinstance(d, int) and not isinstance(d, bool) for d in entry[1])):
+            raise model.fail(f"params[{k}]", "[name, shape, dtype]", entry)
+        params.append((entry[0], tuple(entry[1]), entry[2]))
+    return params
+
+
+def _ops_of(root: Fields) -> dict[str, PlanOp] | None:
+    """The plan's ``ops`` (``[kind, phase, [gradient, ...]]`` each), or None where it has none."""
+    if root.get("ops", None) is None:
+        return None
+    ops = {}
+    for op_id, entry in root.mapping("ops").items():
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, str) for x in entry[:2])
+                and isinstance(entry[2], list) and all(isinstance(g, str) for g in entry[2])):
+            raise root.fail(f"ops.{op_id}", "[kind, phase, [gradient, ...]]", entry)
+        ops[op_id] = PlanOp(kind=entry[0], phase=entry[1], grads=tuple(entry[2]))
+    return ops
+
+
 def validate(plan: Plan, graph: TrainGraph) -> None:
     """Check that ``plan`` applies to ``graph``.
 
@@ -326,7 +338,13 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
         PlanMismatchError: the fingerprints differ.
         InvalidPlanError: naming the first other problem found.
     """
-    # 1. identity and mode
+    _check_identity(plan, graph)
+    _check_order(plan, graph)
+    _check_buckets(plan, graph)
+
+
+def _check_identity(plan: Plan, graph: TrainGraph) -> None:
+    """Step 1 of :func:`validate`: the plan's model, mode and execution."""
     if plan.model.fingerprint != graph.fingerprint:
         raise PlanMismatchError(
             f"plan was made for model {plan.model.name!r} ({plan.model.fingerprint[:19]}...), "
@@ -336,7 +354,10 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
         raise InvalidPlanError(f"plan has unknown mode {plan.mode!r}; valid: {', '.join(MODES)}")
     if plan.execution not in EXECUTIONS:
         raise InvalidPlanError(f"plan has unknown execution {plan.execution!r}; valid: {', '.join(EXECUTIONS)}")
-    # 2. order
+
+
+def _check_order(plan: Plan, graph: TrainGraph) -> None:
+    """Step 2 of :func:`validate`: every op once, dependencies kept, an eager plan in the engine's order."""
     position: dict[str, int] = {}
     for i, op_id in enumerate(plan.order):
         if op_id not in graph.ops:
@@ -363,7 +384,10 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
                 f"{plan.order[k]!r} where the engine runs {engine[k]!r} (plan with --execution compiled "
                 "to reorder)"
             )
-    # 3. buckets
+
+
+def _check_buckets(plan: Plan, graph: TrainGraph) -> None:
+    """Step 3 of :func:`validate`: every parameter in one bucket of one dtype, chunks and stages in range."""
     home: dict[str, int] = {}
     for k, bucket in enumerate(plan.buckets):
         if not bucket.params:

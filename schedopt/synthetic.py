@@ -173,43 +173,51 @@ def transformer_like(
     b.ops.append(ForwardOp(id="wpe", kind="embedding", reads=(wpe,), bytes_moved=_F32 * tokens * hidden * 2))
     x = b.pointwise("embed_add", "add", ("wte", "wpe"), tokens * hidden)
     for i in range(num_layers):
-        h = f"h.{i}"
-        ln1 = b.norm(f"{h}.ln_1", (x,), hidden)
-        qkv = b.linear(f"{h}.attn.c_attn", (ln1,), hidden, 3 * hidden)
-        if fine:
-            q, k, v = (b.view(f"{h}.attn.{n}.heads", (b.view(f"{h}.attn.{n}.split", (qkv,)),)) for n in "qkv")
-            s_ = b.pointwise(f"{h}.attn.scores", "bmm", (q, b.view(f"{h}.attn.k_t", (k,))), scores,
-                             flops_per_elem=2.0 * hidden / num_heads)
-            s_ = b.steps(f"{h}.attn.mask", (s_,), scores, [("div", 1), ("masked_fill", 1)])
-            p = b.steps(f"{h}.attn.softmax", (s_,), scores, [("softmax", 5), ("dropout", 2)])
-            ctx = b.pointwise(f"{h}.attn.context", "bmm", (p, v), tokens * hidden, flops_per_elem=2.0 * seq_len)
-            ctx = b.view(f"{h}.attn.merge_heads", (b.pointwise(f"{h}.attn.transpose", "clone", (ctx,),
-                                                               tokens * hidden, flops_per_elem=0.0),))
-        else:
-            s_ = b.pointwise(f"{h}.attn.scores", "bmm", (qkv,), scores, flops_per_elem=2.0 * hidden / num_heads)
-            p = b.pointwise(f"{h}.attn.softmax", "softmax", (s_,), scores, flops_per_elem=5.0)
-            ctx = b.pointwise(f"{h}.attn.context", "bmm", (p, qkv), tokens * hidden, flops_per_elem=2.0 * seq_len)
-        proj = b.linear(f"{h}.attn.c_proj", (ctx,), hidden, hidden)
-        if fine:
-            proj = b.pointwise(f"{h}.attn.resid_dropout", "dropout", (proj,), tokens * hidden, flops_per_elem=2.0)
-        x = b.pointwise(f"{h}.residual_1", "add", (x, proj), tokens * hidden)
-        ln2 = b.norm(f"{h}.ln_2", (x,), hidden)
-        fc = b.linear(f"{h}.mlp.c_fc", (ln2,), hidden, 4 * hidden)
-        if fine:
-            act = b.steps(f"{h}.mlp.gelu", (fc,), tokens * 4 * hidden,
-                          [("pow", 1), ("mul", 1), ("add", 1), ("mul", 1), ("tanh", 4), ("add", 1), ("mul", 1),
-                           ("mul", 1)])
-        else:
-            act = b.pointwise(f"{h}.mlp.gelu", "gelu", (fc,), tokens * 4 * hidden, flops_per_elem=8.0)
-        out = b.linear(f"{h}.mlp.c_proj", (act,), 4 * hidden, hidden)
-        if fine:
-            out = b.pointwise(f"{h}.mlp.dropout", "dropout", (out,), tokens * hidden, flops_per_elem=2.0)
-        x = b.pointwise(f"{h}.residual_2", "add", (x, out), tokens * hidden)
+        x = _decoder_block(b, f"h.{i}", x, hidden=hidden, num_heads=num_heads, seq_len=seq_len, tokens=tokens,
+                           scores=scores)
     ln_f = b.norm("ln_f", (x,), hidden)
     logits = b.linear("lm_head", (ln_f,), hidden, vocab_size, bias=False, weight=wte)
     b.pointwise("loss", "cross_entropy", (logits,), tokens * vocab_size, flops_per_elem=5.0)
     suffix = "" if granularity == "module" else f".{granularity}"
     return b.build(f"transformer_like{num_layers}{suffix}", device, tokens=tokens, granularity=granularity)
+
+
+def _decoder_block(b: "_Builder", h: str, x: str, *, hidden: int, num_heads: int, seq_len: int, tokens: int,
+                   scores: int) -> str:
+    """One GPT-2 block of :func:`transformer_like` on ``x``; its output op."""
+    fine = b.fine
+    ln1 = b.norm(f"{h}.ln_1", (x,), hidden)
+    qkv = b.linear(f"{h}.attn.c_attn", (ln1,), hidden, 3 * hidden)
+    if fine:
+        q, k, v = (b.view(f"{h}.attn.{n}.heads", (b.view(f"{h}.attn.{n}.split", (qkv,)),)) for n in "qkv")
+        s_ = b.pointwise(f"{h}.attn.scores", "bmm", (q, b.view(f"{h}.attn.k_t", (k,))), scores,
+                         flops_per_elem=2.0 * hidden / num_heads)
+        s_ = b.steps(f"{h}.attn.mask", (s_,), scores, [("div", 1), ("masked_fill", 1)])
+        p = b.steps(f"{h}.attn.softmax", (s_,), scores, [("softmax", 5), ("dropout", 2)])
+        ctx = b.pointwise(f"{h}.attn.context", "bmm", (p, v), tokens * hidden, flops_per_elem=2.0 * seq_len)
+        ctx = b.view(f"{h}.attn.merge_heads", (b.pointwise(f"{h}.attn.transpose", "clone", (ctx,),
+                                                           tokens * hidden, flops_per_elem=0.0),))
+    else:
+        s_ = b.pointwise(f"{h}.attn.scores", "bmm", (qkv,), scores, flops_per_elem=2.0 * hidden / num_heads)
+        p = b.pointwise(f"{h}.attn.softmax", "softmax", (s_,), scores, flops_per_elem=5.0)
+        ctx = b.pointwise(f"{h}.attn.context", "bmm", (p, qkv), tokens * hidden, flops_per_elem=2.0 * seq_len)
+    proj = b.linear(f"{h}.attn.c_proj", (ctx,), hidden, hidden)
+    if fine:
+        proj = b.pointwise(f"{h}.attn.resid_dropout", "dropout", (proj,), tokens * hidden, flops_per_elem=2.0)
+    x = b.pointwise(f"{h}.residual_1", "add", (x, proj), tokens * hidden)
+    ln2 = b.norm(f"{h}.ln_2", (x,), hidden)
+    fc = b.linear(f"{h}.mlp.c_fc", (ln2,), hidden, 4 * hidden)
+    if fine:
+        act = b.steps(f"{h}.mlp.gelu", (fc,), tokens * 4 * hidden,
+                      [("pow", 1), ("mul", 1), ("add", 1), ("mul", 1), ("tanh", 4), ("add", 1), ("mul", 1),
+                       ("mul", 1)])
+    else:
+        act = b.pointwise(f"{h}.mlp.gelu", "gelu", (fc,), tokens * 4 * hidden, flops_per_elem=8.0)
+    out = b.linear(f"{h}.mlp.c_proj", (act,), 4 * hidden, hidden)
+    if fine:
+        out = b.pointwise(f"{h}.mlp.dropout", "dropout", (out,), tokens * hidden, flops_per_elem=2.0)
+    x = b.pointwise(f"{h}.residual_2", "add", (x, out), tokens * hidden)
+    return x
 
 
 #: Generators by name, as the CLI and benchmarks refer to them.

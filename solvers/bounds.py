@@ -380,24 +380,7 @@ def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], 
     g1, g2 = order[:cut], order[cut:]
     if not g1 or not g2:
         return 0.0
-    sides = []
-    for key in (release, nested):
-        r1, c1 = pieces(g1, key, cost, delta)
-        r2, c2 = pieces(g2, key, cost, delta)
-        vol1, end1 = bucket_ends(r1, c1, call)  # G1 alone
-        rows = np.unique(np.linspace(0, len(r1), num_rows).astype(int))
-        y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
-        # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
-        # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y
-        from_g1 = np.empty((len(rows), len(r2)))
-        for k, n in enumerate(rows):
-            from_g1[k] = (np.maximum(end1[:n + 1, None], r2[None, :]) - vol1[:n + 1, None]).min(axis=0)
-        ends = np.empty((len(rows), len(r2) + 1))
-        ends[:, 0] = end1[rows]
-        for i in range(1, len(r2) + 1):
-            inside = (np.maximum(ends[:, 1:i], r2[i - 1]) - (y[:, None] + z[None, 1:i])).min(axis=1, initial=np.inf)
-            ends[:, i] = np.minimum(from_g1[:, i - 1], inside) + call + y + z[i]
-        sides.append((vol1, end1, y, z, ends))
+    sides = [_group_side(g1, g2, key, cost, delta, call, num_rows) for key in (release, nested)]
     (vol1_l, end1_l, y_l, z_l, ends_l), (vol1_r, end1_r, y_r, z_r, ends_r) = sides
     step = max(float(np.diff(y_l).max(initial=0.0)), float(np.diff(y_r).max(initial=0.0)))
     in_g1 = set(g1)
@@ -425,6 +408,27 @@ def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], 
         if np.isfinite(value):
             best = max(best, call + total + value - 4 * delta)
     return best
+
+
+def _group_side(g1: list[int], g2: list[int], key: list[int], cost: list[int], delta: float, call: int,
+                num_rows: int) -> tuple[np.ndarray, ...]:
+    """One side (L by release, R by nested tail) of :func:`coupled_channel_bound`: G1 alone, and the rows."""
+    r1, c1 = pieces(g1, key, cost, delta)
+    r2, c2 = pieces(g2, key, cost, delta)
+    vol1, end1 = bucket_ends(r1, c1, call)  # G1 alone
+    rows = np.unique(np.linspace(0, len(r1), num_rows).astype(int))
+    y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
+    # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
+    # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y
+    from_g1 = np.empty((len(rows), len(r2)))
+    for k, n in enumerate(rows):
+        from_g1[k] = (np.maximum(end1[:n + 1, None], r2[None, :]) - vol1[:n + 1, None]).min(axis=0)
+    ends = np.empty((len(rows), len(r2) + 1))
+    ends[:, 0] = end1[rows]
+    for i in range(1, len(r2) + 1):
+        inside = (np.maximum(ends[:, 1:i], r2[i - 1]) - (y[:, None] + z[None, 1:i])).min(axis=1, initial=np.inf)
+        ends[:, i] = np.minimum(from_g1[:, i - 1], inside) + call + y + z[i]
+    return vol1, end1, y, z, ends
 
 
 def window_bound(*, work_ticks: np.ndarray, finished_below: np.ndarray, readers: list[int], call_ticks: int,

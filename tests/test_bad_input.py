@@ -106,6 +106,8 @@ def simulate(plan_file: str, d: Path) -> list[str]:
     return ["simulate", plan_file, str(d / "g.json")]
 
 
+from .models_path import MODELS_FILE as MODELS  # noqa: E402
+
 CASES = {
     # graph JSON: types, numbers, nesting, invariants
     "op id is a list": (lambda d: plan(graph_variant(d, lambda g: first(g, "ops").update(id=["x"]))),
@@ -187,6 +189,9 @@ CASES = {
     "output under a file": (lambda d: plan(str(d / "g.json"), out=str(d / "g.json" / "plan.json")), "not a directory|cannot"),
     "output unwritable": (lambda d: plan(str(d / "g.json"), out=str(d / "readonly" / "plan.json")), "cannot write|not writable|ermission"),
     "output empty": (lambda d: plan(str(d / "g.json"), out=""), "empty"),
+    # a device this machine lacks (CI and these machines have no GPU)
+    "profile on cuda without one": (lambda d: ["profile", f"{MODELS}:tiny_cnn", "--on", "cuda", "-o", "OUT/g.json"],
+                                    "no CUDA device"),
 }
 
 

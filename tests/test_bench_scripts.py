@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name != "provenance.py")
+#: Modules the scripts share, and the report that turns results into docs: not benchmarks.
+HELPERS = {"provenance.py", "kept.py", "report.py"}
+SCRIPTS = sorted(p.name for p in BENCH.glob("*.py") if p.name not in HELPERS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -47,3 +49,19 @@ def test_osp_accuracy_writes_each_tasks_figure_per_mode_and_overlap_equals_ddp(t
         assert by[task, "osp"]["stage2"] and by[task, "osp"]["params_sha256"] != by[task, "osp-no-lgp"]["params_sha256"]
     assert 0.0 <= by["digits", "ddp"]["value"] <= 1.0 and by["text", "ddp"]["value"] > 0
     assert len(by["text", "osp"]["curve"]) == 2 and png.stat().st_size > 0
+
+
+def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
+    """bench/gpu_check.py's every check, on CPU (the CUDA paths need a GPU; the script itself must work)."""
+    out = tmp_path / "gpu_check.json"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           str(BENCH / "gpu_check.py"), "--device", "cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["ok"] and result["device"].startswith("cpu")
+    names = [(c["check"], c["model"]) for c in result["checks"]]
+    assert ("profile", "resnet18") in names and ("compiled", "tiny_gpt") in names
+    assert {c["check"] for c in result["checks"]} == {"profile", "wrap-barrier", "wrap-overlap", "wrap-osp", "compiled"}
+    assert all(c["chunked_buckets"] >= 1 for c in result["checks"] if c["check"].startswith("wrap"))
+    assert all(c["stage2_params"] >= 1 for c in result["checks"] if c["check"] == "wrap-osp")

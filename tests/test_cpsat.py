@@ -259,8 +259,8 @@ def test_progress_reports_objective_and_bound():
     problem = Problem(execution="compiled", graph=branches(3), cluster=Cluster.preset("100gbe", world_size=8))
     get("cpsat")(problem, time_limit_s=5, on_progress=seen.append)
     assert seen, "CP-SAT reported no solution (the repaired warm start counts as one)"
-    for event in seen:
-        assert event.bound_s <= event.objective_s + 1e-9
+    for progress in seen:
+        assert progress.bound_s <= progress.objective_s + 1e-9
 
 
 @settings(max_examples=24, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
