@@ -2,7 +2,7 @@
 
 Run by ``bash bench/gpu_check.sh`` (under ``torchrun --nproc-per-node 1``, NCCL). Each check:
 
-1. ``schedopt profile`` on the device (ResNet-18's ops timed there).
+1. ``schedopt profile`` on the device (ResNet-18's ops timed there; ``--profile-model``).
 2. ``wrap`` in ``barrier``, ``overlap`` and ``osp`` mode (Caramel's plans: chunked buckets, and in
    ``osp`` a stage-2 bucket), 5 SGD-momentum steps on tiny GPT (tied embedding) and tiny ResNet
    (BatchNorm buffers), against DDP from the same seed on the same batches: parameters must be
@@ -89,17 +89,17 @@ def max_diff(ours: list, ref: list) -> float:
     return max(float((a - b).abs().max()) for a, b in zip(ours, ref))
 
 
-def check_profile(device: torch.device) -> dict:
-    """``schedopt profile`` on the device: ResNet-18's ops timed there, and how well they sum to its step."""
+def check_profile(name: str, device: torch.device) -> dict:
+    """``schedopt profile`` on the device: the model's ops timed there, and how well they sum to its step."""
     from schedopt.importers.profile import profile_torch
     from train import load
 
     torch.manual_seed(SEED)
-    model, example, loss_fn = load("examples/models.py:resnet18", None)
+    model, example, loss_fn = load(f"examples/models.py:{name}", None)
     started = time.perf_counter()
     graph, report = profile_torch(model.to(device), tuple(x.to(device) for x in example), loss_fn=loss_fn,
-                                  name="resnet18", iterations=5)
-    return {"check": "profile", "model": "resnet18", "ok": report.device == device.type and report.num_ops_timed > 0,
+                                  name=name, iterations=5)
+    return {"check": "profile", "model": name, "ok": report.device == device.type and report.num_ops_timed > 0,
             "measured_step_s": report.measured_step_s, "predicted_step_s": report.predicted_step_s,
             "num_ops": len(graph.ops), "seconds": time.perf_counter() - started}
 
@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--json", required=True, help="write the checks here, with the commit and the machine")
     parser.add_argument("--seed", type=int, default=0, help="the models' initialization and the batches")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"example models to train (default {','.join(MODELS)})")
+    parser.add_argument("--profile-model", default="resnet18", help="the example model to profile (default resnet18)")
     args = parser.parse_args(argv)
     global SEED
     SEED = args.seed
@@ -181,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     checks: list[dict] = []
     try:
-        checks.append(check_profile(device))
-        for name in MODELS:
+        checks.append(check_profile(args.profile_model, device))
+        for name in [m for m in args.models.split(",") if m]:
             checks += check_wrap(name, device)
             checks.append(check_compiled(name, device))
     finally:

@@ -36,7 +36,8 @@ def test_a_bench_result_carries_its_commit_machine_and_arguments(tmp_path):
 def test_osp_accuracy_writes_each_tasks_figure_per_mode_and_overlap_equals_ddp(tmp_path):
     out, png = tmp_path / "acc.json", tmp_path / "acc.png"
     done = subprocess.run([sys.executable, str(BENCH / "osp_accuracy.py"), "--epochs", "1", "--text-steps", "4",
-                           "--eval-every", "2", "--text-mib", "0.25", "--json", str(out), "--png", str(png)],
+                           "--eval-every", "2", "--text-mib", "0.25", "--seq-len", "32", "--text-batch", "2",
+                           "--batch-size", "8", "--json", str(out), "--png", str(png)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
@@ -55,13 +56,14 @@ def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
     """bench/gpu_check.py's every check, on CPU (the CUDA paths need a GPU; the script itself must work)."""
     out = tmp_path / "gpu_check.json"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                           str(BENCH / "gpu_check.py"), "--device", "cpu", "--json", str(out)],
+                           str(BENCH / "gpu_check.py"), "--device", "cpu", "--models", "tiny_gpt",
+                           "--profile-model", "tiny_cnn", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["ok"] and result["device"].startswith("cpu")
     names = [(c["check"], c["model"]) for c in result["checks"]]
-    assert ("profile", "resnet18") in names and ("compiled", "tiny_gpt") in names
+    assert ("profile", "tiny_cnn") in names and ("compiled", "tiny_gpt") in names
     assert {c["check"] for c in result["checks"]} == {"profile", "wrap-barrier", "wrap-overlap", "wrap-osp", "compiled"}
     assert all(c["chunked_buckets"] >= 1 for c in result["checks"] if c["check"].startswith("wrap"))
     assert all(c["stage2_params"] >= 1 for c in result["checks"] if c["check"] == "wrap-osp")

@@ -21,12 +21,7 @@ from schedopt.solvers import get
 from . import compiled_workers as workers
 from .distributed import run_ranks
 from .runtime_workers import build
-from .test_runtime import expected_log, scrambled_plan
-
-
-def graph_of(name: str):
-    model, example, loss_fn = build(name)
-    return from_torch(model, example, loss_fn=loss_fn, name=name)
+from .test_runtime import expected_log, graph_of, scrambled_plan
 
 
 def reordered_plan(name: str) -> Plan:

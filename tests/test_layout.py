@@ -72,7 +72,7 @@ def every_plan(graph, mode: str):
 @pytest.mark.slow
 def test_the_eager_runtime_issues_exactly_the_collectives_the_simulator_schedules():
     """Every tiny example model, every solver's plan (barrier and overlap): sizes and order."""
-    from .test_compiled_runtime import graph_of
+    from .test_runtime import graph_of
 
     cases, expected = [], []
     for name in TINY:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -19,7 +20,9 @@ from . import runtime_workers as workers  # noqa: E402
 from .distributed import RankError, run_ranks  # noqa: E402
 
 
+@functools.cache
 def graph_of(name: str):
+    """The aten-level graph of a test model, imported once per test process (graphs are not changed)."""
     model, example, loss_fn = workers.build(name)
     return from_torch(model, example, loss_fn=loss_fn, name=name)
 
