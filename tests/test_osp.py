@@ -106,7 +106,7 @@ def test_plan_format_carries_stages_and_refuses_stage_2_outside_osp(tmp_path):
 
 
 def test_every_solver_plans_osp(tmp_path):
-    problem = tied(8)
+    problem = tied(8, layers=2)
     for name in SOLVERS:
         options = {"time_limit_s": 3, "num_workers": 1} if name == "cpsat" else {}
         plan = get(name)(problem, **options)
