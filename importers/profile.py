@@ -30,7 +30,7 @@ from schedopt.graph import TrainGraph
 
 from .pytorch import AtenGraphBuilder, record_grad_order, trace_train_step
 
-__all__ = ["ProfileReport", "profile_torch"]
+__all__ = ["ProfileReport", "on_device", "profile_torch"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +48,19 @@ class ProfileReport:
     def error(self) -> float:
         """Relative prediction error: ``(predicted - measured) / measured``."""
         return (self.predicted_step_s - self.measured_step_s) / self.measured_step_s
+
+
+def on_device(model: Any, example_inputs: tuple, device: str) -> tuple[Any, tuple]:
+    """``model`` and its tensor inputs moved to ``device`` (``cpu`` or ``cuda``).
+
+    Raises:
+        GraphImportError: ``cuda`` on a machine without a CUDA device.
+    """
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise GraphImportError("profile --on cuda: this machine has no CUDA device")
+    return model.to(device), tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
 
 
 def profile_torch(

@@ -168,17 +168,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if model_kind(args.model) != "factory":
         raise SchedoptError(f"profile runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
     from .importers import load_factory
-    from .importers.profile import profile_torch
+    from .importers.profile import on_device, profile_torch
 
     spec = load_factory(args.model, batch_size=args.batch_size)
-    model, inputs = spec.model, spec.example_inputs
-    if args.on == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SchedoptError("profile --on cuda: this machine has no CUDA device")
-        model = model.to("cuda")
-        inputs = tuple(x.to("cuda") if isinstance(x, torch.Tensor) else x for x in inputs)
+    model, inputs = on_device(spec.model, spec.example_inputs, args.on)
     graph, report = profile_torch(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations)
     graph.save(args.output)
     print(_describe_graph(graph))
