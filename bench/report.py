@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kept import SUFFIX, read_kept  # noqa: E402
+from testbed import kept_runs, periods_of, round_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -78,20 +79,12 @@ def testbed_rows(name: str) -> list[TestbedRow]:
     """One row per mode of ``bench/results/NAME.json``, measured by period where its steps are kept."""
     rows = rows_of(load(f"{name}.json"))
     kept = RESULTS / "runs" / f"{name}{SUFFIX}"
-    periods: dict[str, list[float]] = {}
-    if kept.is_file():
-        runs: dict[str, dict[int, dict]] = {}
-        for file_name, measured in read_kept(kept).items():
-            mode, _, round_ = file_name.removesuffix(".json").rpartition(".")
-            if round_.isdigit() and "rank_step_s" in measured:
-                runs.setdefault(mode, {})[int(round_)] = measured
-        rounds = sorted(set.intersection(*(set(r) for r in runs.values()))) if runs else []
-        periods = {m: [max(sum(ts) / len(ts) for ts in runs[m][k]["rank_step_s"]) for k in rounds] for m in runs}
+    periods = periods_of(kept_runs(read_kept(kept))) if kept.is_file() else {}
     out = []
     for r in rows:
         mode = r["mode"]
         if mode in periods and "ddp" in periods:
-            vs = {other: statistics.median(o / m for o, m in zip(periods[other], periods[mode])) for other in periods}
+            vs = {other: round_ratio(periods[other], periods[mode]) for other in periods}
             out.append(TestbedRow(mode, r["solver"], statistics.median(periods[mode]), r["predicted_s"], vs, True))
         else:
             measured = r.get("measured_s", r.get("measured_median_s"))
@@ -101,8 +94,9 @@ def testbed_rows(name: str) -> list[TestbedRow]:
 
 
 def testbed_names() -> list[str]:
-    return sorted(p.stem for p in RESULTS.glob("testbed_*.json") if "rows" in json.loads(p.read_text())
-                  or isinstance(json.loads(p.read_text()), list))
+    """The testbed results (rows, or a bare list of them); not a single run's record kept beside them."""
+    return sorted(p.stem for p in RESULTS.glob("testbed_*.json")
+                  if isinstance(data := json.loads(p.read_text()), list) or "rows" in data)
 
 
 def testbed_section() -> list[str]:

@@ -483,6 +483,21 @@ def _trimmed(path: Path) -> str:
     return json.dumps({k: measured[k] for k in RUN_FIELDS if k in measured}, separators=(",", ":")) + "\n"
 
 
+def kept_runs(files: dict[str, dict]) -> dict[str, dict[int, dict]]:
+    """A kept run's ``examples/train.py --json`` records by mode and round (its other files left out)."""
+    runs: dict[str, dict[int, dict]] = {}
+    for file_name, measured in files.items():
+        if (key := _run_key(file_name)) is not None:
+            runs.setdefault(key[0], {})[key[1]] = measured
+    return runs
+
+
+def periods_of(runs: dict[str, dict[int, dict]]) -> dict[str, list[float]]:
+    """Each mode's period per round, over the rounds every mode ran."""
+    rounds = sorted(set.intersection(*(set(r) for r in runs.values()))) if runs else []
+    return {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
+
+
 def run_period(measured: dict) -> float:
     """A run's period from its ``examples/train.py --json``: the slower rank's mean step."""
     return max(sum(ts) / len(ts) for ts in measured["rank_step_s"])
@@ -509,10 +524,7 @@ def recompute(dirs: list[str]) -> int:
         except (OSError, ValueError) as exc:
             print(f"testbed: cannot read {directory}: {exc}", file=sys.stderr)
             return 2
-        runs: dict[str, dict[int, dict]] = {}
-        for file_name, measured in files.items():
-            if (key := _run_key(file_name)) is not None:
-                runs.setdefault(key[0], {})[key[1]] = measured
+        runs = kept_runs(files)
         if "ddp" not in runs:
             print(f"testbed: {directory} holds no ddp runs (MODE.ROUND.json from examples/train.py --json)",
                   file=sys.stderr)
@@ -527,7 +539,7 @@ def recompute(dirs: list[str]) -> int:
         cluster = Cluster.from_json(files[CLUSTER]) if CLUSTER in files else None
         print(directory)
         rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
-        periods = {m: [run_period(runs[m][k]) for k in rounds] for m in runs}
+        periods = periods_of(runs)
         per_step = {m: [statistics.median(runs[m][k]["step_s"]) for k in rounds] for m in runs}
         for mode in sorted(runs, key=lambda m: (m != "ddp", m)):
             measured = statistics.median(periods[mode])

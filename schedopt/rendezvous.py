@@ -54,9 +54,9 @@ def check_rendezvous_env(environ: Mapping[str, str] | None = None, *, what: str 
         raise LaunchError(f"MASTER_PORT={port} is not a TCP port (1 to 65535)")
     if rank >= world_size:
         raise LaunchError(f"RANK={rank} is not below WORLD_SIZE={world_size}")
-    local_rank = _integer(env, "LOCAL_RANK", 0) if env.get("LOCAL_RANK", "").strip() else 0
     if "LOCAL_RANK" in env and not env["LOCAL_RANK"].strip():
         raise LaunchError(f"LOCAL_RANK set but empty: {how}")
+    local_rank = _integer(env, "LOCAL_RANK", 0) if "LOCAL_RANK" in env else 0
     return Rendezvous(rank=rank, world_size=world_size, local_rank=local_rank)
 
 
