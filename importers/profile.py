@@ -28,7 +28,7 @@ from schedopt.cost import DeviceSpec
 from schedopt.errors import GraphImportError
 from schedopt.graph import TrainGraph
 
-from .pytorch import AtenGraphBuilder, record_grad_order, trace_train_step
+from .pytorch import AtenGraphBuilder, module_tree, record_grad_order, trace_train_step
 
 __all__ = ["ProfileReport", "on_device", "profile_torch"]
 
@@ -95,6 +95,7 @@ def profile_torch(
     traced, params, buffers = trace_train_step(model, example_inputs, loss_fn, name=name, fake=False)
     builder = AtenGraphBuilder(traced.graph, params, device, name)
     graph = builder.build("sgd").with_grad_order(record_grad_order(model, example_inputs, loss_fn, name=name))
+    graph = graph.with_modules(module_tree(model))
     flat_args = [*params.values(), *buffers.values(), *example_inputs]
 
     # 2. time every op node

@@ -35,6 +35,7 @@ from schedopt.backward import ForwardOp, ParamSpec, optimizer_step, training_gra
 from schedopt.cost import DeviceSpec
 from schedopt.errors import GraphImportError, InvalidGraphError, no_trainable_parameters
 from schedopt.graph import Op, Param, TrainGraph
+from schedopt.modules import ModuleTree, owner_of
 
 __all__ = ["from_torch", "trace_train_step", "AtenGraphBuilder", "trainable_parameters", "torch_dtype_name",
            "record_grad_order"]
@@ -45,6 +46,17 @@ Level = Literal["aten", "module"]
 def torch_dtype_name(dtype: Any) -> str:
     """``torch.float32`` -> ``float32``, the dtype names graphs and plans use."""
     return str(dtype).removeprefix("torch.")
+
+
+def module_tree(model: Any) -> ModuleTree:
+    """The module tree of ``model``: every module's class name, its children in registration order, and
+    the owning module of each trainable parameter (what ``fully_shard`` units are made of)."""
+    types, children = {}, {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        types.setdefault(path, type(module).__name__)
+        children.setdefault(path, tuple(name for name, _ in module.named_children()))
+    return ModuleTree(types=types, children=children,
+                      owners={name: owner_of(name) for name in trainable_parameters(model)})
 
 
 def trainable_parameters(model: Any) -> dict[str, Any]:
@@ -99,7 +111,8 @@ def from_torch(
             graph = _aten_graph(model, inputs, loss_fn, spec, optimizer, name)
         else:
             graph = _module_graph(model, inputs, loss_fn, spec, optimizer, name)
-        return graph.with_grad_order(record_grad_order(model, inputs, loss_fn, name=name))
+        graph = graph.with_grad_order(record_grad_order(model, inputs, loss_fn, name=name))
+        return graph.with_modules(module_tree(model))
 
 
 @contextlib.contextmanager

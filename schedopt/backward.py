@@ -42,6 +42,7 @@ import networkx as nx
 
 from .cost import DeviceSpec
 from .errors import InvalidGraphError
+from .modules import ModuleTree
 from .graph import DTYPE_SIZES, Op, Param, TrainGraph
 
 __all__ = ["ForwardOp", "ParamSpec", "training_graph", "optimizer_step", "OPTIMIZER_COSTS"]
@@ -130,6 +131,7 @@ def training_graph(
         edges=edges,
         params=[Param(name=s.name, shape=s.shape, dtype=s.dtype, grad_op=grad_op[s.name]) for s in params],
         meta={"device": device.name, "backward": "synthesized", **(meta or {})},
+        modules=ModuleTree.from_param_names(s.name for s in params),  # the names' prefixes; torch gives types
     )
 
 

@@ -50,6 +50,16 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size(text: str) -> int:
+    try:
+        size = parse_size(text)
+    except SchedoptError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"a memory budget must be more than 0 bytes, got {text!r}")
+    return size
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model import (for .onnx and file.py:factory models)")
     group.add_argument("--level", choices=["aten", "module"], default="aten",
@@ -72,6 +82,8 @@ def _add_problem_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-stale-fraction", type=float, default=DEFAULT_MAX_STALE_FRACTION,
                         help=f"osp mode: the most parameter bytes (share) read one step stale "
                              f"(default {DEFAULT_MAX_STALE_FRACTION:g}; 0 gives the overlap plan)")
+    parser.add_argument("--memory-budget", type=_size, default=None, metavar="SIZE",
+                        help="sharded mode: the most parameter and gradient bytes per rank, e.g. 12GiB")
     parser.add_argument("--execution", choices=EXECUTIONS, default="eager",
                         help="eager (default): keep the autograd engine's order, choose buckets and chunks; "
                              "compiled: reorder ops too (needs a compiled runtime)")
@@ -133,11 +145,11 @@ def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def _solver_list(text: str) -> list[str]:
-    from .solvers import SOLVERS
+def _solver_list(text: str, mode: str) -> list[str]:
+    from .solvers import solvers_for
 
     if text == "all":
-        return list(SOLVERS)
+        return solvers_for(mode)
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
         raise SchedoptError("--solvers needs at least one name, or 'all'")
@@ -194,7 +206,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     solver = get(args.solver)
     graph = _graph(args)
     problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution,
-                      max_stale_fraction=args.max_stale_fraction)
+                      max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget)
     options = _parse_options(args.option)
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
@@ -208,9 +220,42 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         f"{plan.solver.name} [{plan.solver.status}] on {graph.name}, {problem.cluster.describe()}, {problem.mode}, "
         f"{problem.execution}: "
         f"iteration {format_duration(p.iteration_s)} (lower bound {format_duration(p.lower_bound_s)}, "
-        f"exposed comm {format_duration(p.exposed_comm_s)}), {len(plan.buckets)} buckets -> {args.output}"
+        f"exposed comm {format_duration(p.exposed_comm_s)}), " + _plan_shape(plan) + f" -> {args.output}"
     )
     return 0
+
+
+def _plan_shape(plan: Plan) -> str:
+    """``12 buckets``, or for a sharded plan ``13 units, peak 468.0MiB per rank``."""
+    if plan.mode != "sharded":
+        return f"{len(plan.buckets)} buckets"
+    peak = plan.predicted.peak_memory_bytes if plan.predicted else None
+    return f"{len(plan.units)} units" + (f", peak {format_size(peak)} per rank" if peak is not None else "")
+
+
+def _simulate_summary(graph: Any, plan: Plan, problem: Problem, timeline: Any) -> dict[str, Any]:
+    """What ``simulate --format json`` prints."""
+    return {
+        "model": graph.name,
+        "solver": plan.solver.name,
+        "mode": timeline.mode,
+        "cluster": problem.cluster.to_json(),
+        "iteration_s": timeline.iteration_s,
+        "compute_s": timeline.compute_s,
+        "comm_s": timeline.comm_s,
+        "exposed_comm_s": timeline.exposed_comm_s,
+        "lower_bound_s": timeline.lower_bound_s,
+        "gap_to_lower_bound": timeline.gap,
+        "num_buckets": len(plan.buckets),
+        "num_units": len(plan.units),
+        "peak_memory_bytes": timeline.peak_memory_bytes,
+        "peak_memory_s": timeline.peak_memory_s,
+        "memory_budget_bytes": plan.memory_budget_bytes,
+        "num_steps_simulated": timeline.num_steps,
+        "converged": timeline.converged,
+        "windows": {name: {"ready_s": w.ready_s, "deadline_s": w.deadline_s, "synced_s": w.synced_s,
+                           "width_s": w.width_s, "slack_s": w.slack_s} for name, w in timeline.windows.items()},
+    }
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -226,23 +271,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         write_chrome_trace(timeline, args.trace, name=f"{graph.name} / {plan.solver.name}")
     if args.gantt:
         write_gantt(timeline, args.gantt, title=f"{graph.name} / {plan.solver.name}")
-    summary = {
-        "model": graph.name,
-        "solver": plan.solver.name,
-        "mode": timeline.mode,
-        "cluster": problem.cluster.to_json(),
-        "iteration_s": timeline.iteration_s,
-        "compute_s": timeline.compute_s,
-        "comm_s": timeline.comm_s,
-        "exposed_comm_s": timeline.exposed_comm_s,
-        "lower_bound_s": timeline.lower_bound_s,
-        "gap_to_lower_bound": timeline.gap,
-        "num_buckets": len(plan.buckets),
-        "num_steps_simulated": timeline.num_steps,
-        "converged": timeline.converged,
-        "windows": {name: {"ready_s": w.ready_s, "deadline_s": w.deadline_s, "synced_s": w.synced_s,
-                           "width_s": w.width_s, "slack_s": w.slack_s} for name, w in timeline.windows.items()},
-    }
+    summary = _simulate_summary(graph, plan, problem, timeline)
     if not timeline.converged:
         print(f"warning: the steady state did not repeat within {timeline.num_steps} steps; the iteration is the "
               f"mean of the last four periods", file=sys.stderr)
@@ -250,13 +279,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         print(dumps(summary, indent=2))
         return 0
     print(f"model      {graph.name}  ({len(graph.ops)} ops, {len(graph.params)} params)")
-    print(f"plan       {plan.solver.name} [{plan.solver.status}], {len(plan.buckets)} buckets")
+    print(f"plan       {plan.solver.name} [{plan.solver.status}], {_plan_shape(plan)}")
     print(f"cluster    {problem.cluster.describe()}")
     print(f"mode       {timeline.mode}")
     print(f"iteration  {format_duration(timeline.iteration_s)}   lower bound {format_duration(timeline.lower_bound_s)}"
           f"   gap {timeline.gap * 100:.2f}%")
     print(f"compute    {format_duration(timeline.compute_s)}   comm {format_duration(timeline.comm_s)}"
           f"   exposed comm {format_duration(timeline.exposed_comm_s)}")
+    if timeline.peak_memory_bytes is not None:
+        budget = f" (budget {format_size(plan.memory_budget_bytes)})" if plan.memory_budget_bytes else ""
+        print(f"memory     peak {format_size(timeline.peak_memory_bytes)} per rank{budget} at "
+              f"{format_duration(timeline.peak_memory_s)}: {timeline.peak_memory_what}")
     tight = sorted(timeline.windows.items(), key=lambda kv: kv[1].slack_s)[:5]
     print("tightest windows:")
     for name, w in tight:
@@ -343,10 +376,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from .report import COLUMNS, compare, comparison_json, format_csv, format_table
 
-    names = _solver_list(args.solvers)
+    names = _solver_list(args.solvers, args.mode)
     graph = _graph(args)
     problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution,
-                      max_stale_fraction=args.max_stale_fraction)
+                      max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget)
     out = Path(args.out) if args.out else None
 
     saved: dict[str, tuple[Plan, Any]] = {}  # solver -> (plan, timeline), with --out
@@ -376,6 +409,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"{graph.name}: {len(graph.ops)} ops, {len(graph.params)} params "
               f"({format_size(graph.total_param_bytes)}); {problem.cluster.describe()}; {problem.mode}")
         print(format_table(rows, COLUMNS))
+        for row in rows:
+            if row.get("error"):
+                print(f"{row['solver']}: {row['error']}")
     if out is not None:
         write_json_atomic(out / "compare.json", comparison_json(problem, rows))
         write_text_atomic(out / "compare.csv", format_csv(rows))
@@ -418,7 +454,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from .plots import write_sweep_plot
     from .report import SWEEP_COLUMNS, format_csv, format_table, sweep
 
-    names = _solver_list(args.solvers)
+    names = _solver_list(args.solvers, args.mode)
     bandwidths = [parse_bandwidth(b) for b in args.bandwidths.split(",") if b.strip()]
     try:
         world_sizes = [int(n) for n in args.world_sizes.split(",") if n.strip()]
@@ -431,7 +467,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     quiet = not _show_progress(args)
     rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
                  execution=args.execution, time_limit_s=args.time_limit, seed=args.seed,
-                 max_stale_fraction=args.max_stale_fraction,
+                 max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget,
                  progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
     out = Path(args.out) if args.out else None
     plot = args.plot or (str(out / "sweep.png") if out else None)

@@ -161,6 +161,15 @@ class Cluster:
             return 0.0
         return self.fixed_s + self.seconds_per_byte * nbytes
 
+    def shard_collective_s(self, nbytes: float) -> float:
+        """Return the time of one all-gather or reduce-scatter of ``nbytes`` unsharded bytes (ring):
+        ``call_s + (n-1)·alpha + (n-1)/n · nbytes / bandwidth``. An all-gather and a reduce-scatter
+        of the same bytes move one ring all-reduce's volume together."""
+        n = self.world_size
+        if n == 1:
+            return 0.0
+        return self.call_s + (n - 1) * self.latency_s + (n - 1) / n * nbytes / self.bandwidth_Bps
+
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form used inside plans."""
         return asdict(self)

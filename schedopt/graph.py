@@ -34,6 +34,7 @@ import networkx as nx
 from .errors import GraphImportError, InvalidGraphError
 from .fields import Fields
 from .io import read_json, write_json_atomic
+from .modules import ModuleTree
 
 __all__ = [
     "Op",
@@ -192,6 +193,9 @@ class TrainGraph:
             fires their post-accumulate-grad hooks, when the importer recorded
             it (torch models); :func:`schedopt.orders.engine_order` then
             reproduces it exactly. None where it is unknown (ONNX, synthetic).
+        modules: the module tree and each parameter's owning module
+            (:class:`schedopt.modules.ModuleTree`), which sharded plans are
+            made of; None in graphs written before it was recorded.
         check: run :func:`validate` (default). Turn off only in code that
             validates itself later.
 
@@ -208,6 +212,7 @@ class TrainGraph:
         params: Iterable[Param],
         meta: Mapping[str, Any] | None = None,
         grad_order: Sequence[str] | None = None,
+        modules: ModuleTree | None = None,
         check: bool = True,
     ) -> None:
         self.name = name
@@ -239,6 +244,9 @@ class TrainGraph:
                 f"grad_order must list every trainable parameter once ({len(self.grad_order)} names for "
                 f"{len(self.params)} parameters; unknown: {extra or 'none'}, missing: {lacking or 'none'})"
             )
+        if modules is not None and set(modules.owners) - set(self.params):  # frozen or removed parameters
+            modules = replace(modules, owners={p: m for p, m in modules.owners.items() if p in self.params})
+        self.modules = modules
         # frozen: the cached fingerprints and totals below stay true
         self.ops, self.params, self.meta = FrozenDict(self.ops), FrozenDict(self.params), FrozenDict(self.meta)
         self.dag = nx.freeze(self.dag)
@@ -355,12 +363,18 @@ class TrainGraph:
             params=self.params.values(),
             meta={**self.meta, **(meta or {})},
             grad_order=self.grad_order,
+            modules=self.modules,
         )
 
     def with_grad_order(self, grad_order: Sequence[str]) -> TrainGraph:
         """Return a copy that records the real gradient-ready order (see ``grad_order`` in the class docs)."""
         return TrainGraph(name=self.name, ops=self.ops.values(), edges=self.dag.edges, params=self.params.values(),
-                          meta=self.meta, grad_order=grad_order, check=False)
+                          meta=self.meta, grad_order=grad_order, modules=self.modules, check=False)
+
+    def with_modules(self, modules: ModuleTree) -> TrainGraph:
+        """Return a copy that records the module tree (see ``modules`` in the class docs)."""
+        return TrainGraph(name=self.name, ops=self.ops.values(), edges=self.dag.edges, params=self.params.values(),
+                          meta=self.meta, grad_order=self.grad_order, modules=modules, check=False)
 
     # ------------------------------------------------------------------ JSON
 
@@ -374,6 +388,7 @@ class TrainGraph:
             "ops": [op.to_json() for op in self.ops.values()],
             "edges": [[u, v] for u, v in self.dag.edges],
             **({"grad_order": list(self.grad_order)} if self.grad_order is not None else {}),
+            **({"modules": self.modules.to_json()} if self.modules is not None else {}),
         }
 
     @classmethod
@@ -400,8 +415,9 @@ class TrainGraph:
                 raise root.fail(f"edges[{k}]", "a pair of op ids", edge)
             edges.append((edge[0], edge[1]))
         grad_order = None if root.get("grad_order", None) is None else root.strings("grad_order")
+        modules = None if root.get("modules", None) is None else ModuleTree.from_json(data["modules"])
         return cls(name=root.string("name", "model"), ops=ops, edges=edges, params=params,
-                   meta=root.mapping("meta", None), grad_order=grad_order)
+                   meta=root.mapping("meta", None), grad_order=grad_order, modules=modules)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the graph as JSON (atomically)."""
@@ -429,6 +445,7 @@ def validate(graph: TrainGraph) -> None:
     4. Every parameter has exactly one grad op: ``grad_op`` exists, is a
        backward op, lists the parameter in its ``grads``, and no other op does.
     5. Shapes are non-negative and dtypes known.
+    6. A module tree, where the graph has one, names every parameter's owner.
 
     Raises:
         InvalidGraphError: naming the first violated invariant.
@@ -436,6 +453,16 @@ def validate(graph: TrainGraph) -> None:
     _check_dag(graph)
     _check_ops(graph)
     _check_params(graph)
+    _check_module_owners(graph)
+
+
+def _check_module_owners(graph: TrainGraph) -> None:
+    """Step 6: a module tree, where recorded, names the owner of every parameter."""
+    tree = graph.modules
+    if tree is not None and set(tree.owners) != set(graph.params):
+        lacking = sorted(set(graph.params) - set(tree.owners))[:3]
+        raise InvalidGraphError(f"the module tree must name the owner of every trainable parameter (missing: "
+                                f"{', '.join(lacking)})")
 
 
 def _check_dag(graph: TrainGraph) -> None:

@@ -20,6 +20,11 @@ order its kind, phase and the gradients it finishes, so the compiled runtime
 can find the plan's ops in the graphs ``torch.compile`` traces without the
 training graph file (:mod:`schedopt.runtime.compiled`). Older readers ignore it.
 
+``schedopt.plan/4`` adds ``sharded`` plans: instead of buckets, ``units`` in forward order
+(:class:`schedopt.sharding.Unit`: module paths, parameters, ``reshard_after_forward`` and prefetch
+distances) and ``memory_budget_bytes``, the per-rank peak the plan was made under. Plans of schemas
+1-3 load unchanged (no units).
+
 Loading a plan never executes code: it is JSON only.
 """
 
@@ -36,6 +41,7 @@ from .graph import TrainGraph
 from .io import read_json, write_json_atomic
 from .orders import engine_order
 from .problem import EXECUTIONS, MODES, Problem
+from .sharding import Unit, check_units
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -45,14 +51,15 @@ __all__ = [
     "SolverInfo",
     "Prediction",
     "Plan",
+    "Unit",
     "validate",
 ]
 
-PLAN_SCHEMA = "schedopt.plan/3"
+PLAN_SCHEMA = "schedopt.plan/4"
 #: Schemas this schedopt reads: schema 1 predates ``execution`` (it loads as ``compiled``), schemas
 #: 1 and 2 predate bucket stages (every bucket is stage 1). A schedopt that reads only 1 and 2
 #: refuses a schema-3 plan by name, so an ``osp`` plan never runs as an ``overlap`` one.
-READABLE_SCHEMAS = ("schedopt.plan/1", "schedopt.plan/2", PLAN_SCHEMA)
+READABLE_SCHEMAS = ("schedopt.plan/1", "schedopt.plan/2", "schedopt.plan/3", PLAN_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,11 +154,13 @@ class Prediction:
     comm_s: float
     exposed_comm_s: float
     lower_bound_s: float
+    #: sharded plans: the peak per rank of parameter and gradient bytes (None for other modes)
+    peak_memory_bytes: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
-    """An op order and gradient buckets for one model, cluster and mode."""
+    """An op order and gradient buckets (``sharded`` mode: units) for one model, cluster and mode."""
 
     model: ModelRef
     cluster: Cluster
@@ -163,11 +172,15 @@ class Plan:
     execution: str = "eager"
     #: per op id of ``order``: kind, phase, gradients (None in plans written before it was recorded)
     ops: Mapping[str, PlanOp] | None = None
+    #: sharded plans: the units in forward order, and the per-rank memory budget they were made under
+    units: tuple[Unit, ...] = ()
+    memory_budget_bytes: int | None = None
     schema: str = PLAN_SCHEMA  # the schema it was read from; always written as PLAN_SCHEMA
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", tuple(self.order))
         object.__setattr__(self, "buckets", tuple(self.buckets))
+        object.__setattr__(self, "units", tuple(self.units))
 
     @classmethod
     def for_problem(
@@ -175,11 +188,14 @@ class Plan:
         problem: Problem,
         *,
         order: Sequence[str],
-        buckets: Iterable[Bucket | Sequence[str]],
+        buckets: Iterable[Bucket | Sequence[str]] = (),
         solver: SolverInfo,
+        units: Iterable[Unit] = (),
     ) -> Plan:
         """Return a plan for ``problem``; plain name lists become one-chunk buckets."""
         return cls(
+            units=tuple(units),
+            memory_budget_bytes=problem.memory_budget_bytes,
             model=ModelRef.of(problem.graph),
             cluster=problem.cluster,
             mode=problem.mode,
@@ -223,6 +239,9 @@ class Plan:
         }
         if self.ops is not None:
             data["ops"] = {op_id: op.to_json() for op_id, op in self.ops.items()}
+        if self.mode == "sharded":
+            data["units"] = [u.to_json() for u in self.units]
+            data["memory_budget_bytes"] = self.memory_budget_bytes
         if self.predicted is not None:
             p = self.predicted
             data["predicted"] = {
@@ -231,6 +250,7 @@ class Plan:
                 "comm_s": p.comm_s,
                 "exposed_comm_s": p.exposed_comm_s,
                 "lower_bound_s": p.lower_bound_s,
+                **({} if p.peak_memory_bytes is None else {"peak_memory_bytes": p.peak_memory_bytes}),
             }
         return data
 
@@ -260,7 +280,9 @@ class Plan:
         predicted = None
         if root.get("predicted", None) is not None:
             p = root.object("predicted")
-            predicted = Prediction(**{k: p.number(k) for k in Prediction.__dataclass_fields__})
+            predicted = Prediction(**{k: p.number(k) for k in Prediction.__dataclass_fields__
+                                      if k != "peak_memory_bytes"},
+                                   peak_memory_bytes=p.number("peak_memory_bytes", None, optional=True))
         ops = _ops_of(root)
         return cls(
             model=ModelRef(name=model.string("name"), fingerprint=model.string("fingerprint"),
@@ -281,6 +303,8 @@ class Plan:
                 options=solver.mapping("options", None), stats=solver.mapping("stats", None)),
             predicted=predicted,
             ops=ops,
+            units=_units_of(root),
+            memory_budget_bytes=_budget_of(root),
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -310,6 +334,25 @@ def _params_of(model: Fields) -> list[tuple[str, tuple[int, ...], str]] | None:
     return params
 
 
+def _units_of(root: Fields) -> tuple[Unit, ...]:
+    """The plan's ``units`` (a sharded plan's), or none."""
+    if root.get("units", None) is None:
+        return ()
+    units = []
+    for u in root.items("units"):
+        flags = {k: u.get(k, default) for k, default in (("reshard_after_forward", True), ("prefetch_forward", 0),
+                                                          ("prefetch_backward", 1))}
+        units.append(Unit(modules=u.strings("modules"), params=u.strings("params"), **flags))
+    return tuple(units)
+
+
+def _budget_of(root: Fields) -> int | None:
+    budget = root.get("memory_budget_bytes", None)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+        raise root.fail("memory_budget_bytes", "a positive whole number of bytes", budget)
+    return budget
+
+
 def _ops_of(root: Fields) -> dict[str, PlanOp] | None:
     """The plan's ``ops`` (``[kind, phase, [gradient, ...]]`` each), or None where it has none."""
     if root.get("ops", None) is None:
@@ -333,6 +376,9 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
     3. Every parameter is in exactly one bucket; buckets are non-empty, hold
        one dtype, and have between 1 and (bucket elements) chunks; a bucket's
        stage is 1, or 2 in an ``osp`` plan.
+       A ``sharded`` plan has units instead (:func:`schedopt.sharding.check_units`: each one
+       something ``fully_shard`` can express, every parameter in one), and its simulated peak
+       memory per rank is within its ``memory_budget_bytes``.
 
     Raises:
         PlanMismatchError: the fingerprints differ.
@@ -340,7 +386,28 @@ def validate(plan: Plan, graph: TrainGraph) -> None:
     """
     _check_identity(plan, graph)
     _check_order(plan, graph)
+    if plan.mode == "sharded":
+        _check_sharded(plan, graph)
+        return
+    if plan.units:
+        raise InvalidPlanError(f"a {plan.mode} plan has buckets, not units; units belong to sharded plans")
     _check_buckets(plan, graph)
+
+
+def _check_sharded(plan: Plan, graph: TrainGraph) -> None:
+    """Step 3 of :func:`validate` for a sharded plan: its units, then its peak memory against its budget."""
+    if plan.buckets:
+        raise InvalidPlanError("a sharded plan has units, not buckets")
+    check_units(graph, plan.order, plan.units)
+    if plan.memory_budget_bytes is not None:
+        from .shard_sim import peak_memory  # the simulator imports this module
+        from .units import format_size
+
+        peak, when, what = peak_memory(graph, plan)
+        if peak > plan.memory_budget_bytes:
+            raise InvalidPlanError(f"the plan peaks at {format_size(peak)} per rank ({what}, at "
+                                   f"{when * 1e3:.3f} ms), over its memory budget of "
+                                   f"{format_size(plan.memory_budget_bytes)}")
 
 
 def _check_identity(plan: Plan, graph: TrainGraph) -> None:

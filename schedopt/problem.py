@@ -9,6 +9,13 @@
   ``[ready(p), first use of p in the next step]``; the iteration time is the
   steady-state period.
 
+- ``sharded`` (FSDP2's sharded data parallel): parameters live sharded over
+  the ranks; each unit of modules is all-gathered before its forward (and,
+  if resharded after it, again before its backward) and its gradients are
+  reduce-scattered; the optimizer runs on the shards once every
+  reduce-scatter is done. ``memory_budget_bytes`` caps the peak per rank of
+  parameters and gradients (:mod:`schedopt.sharding`).
+
 Execution, how the plan's op order is run:
 
 - ``eager`` (default): eager PyTorch runs forward in program order and
@@ -28,10 +35,13 @@ from .cluster import Cluster
 from .errors import SchedoptError
 from .graph import TrainGraph
 
-__all__ = ["Problem", "MODES", "Mode", "DEFERRED_MODES", "EXECUTIONS", "Execution", "DEFAULT_MAX_STALE_FRACTION"]
+__all__ = ["Problem", "MODES", "BUCKET_MODES", "Mode", "DEFERRED_MODES", "EXECUTIONS", "Execution", "DEFAULT_MAX_STALE_FRACTION"]
 
-Mode = Literal["barrier", "overlap", "osp"]
-MODES: tuple[str, ...] = ("barrier", "overlap", "osp")
+Mode = Literal["barrier", "overlap", "osp", "sharded"]
+MODES: tuple[str, ...] = ("barrier", "overlap", "osp", "sharded")
+#: The modes whose plans are gradient buckets all-reduced across replicas (``wrap``); ``sharded``
+#: plans are units of modules (``shard``).
+BUCKET_MODES: tuple[str, ...] = ("barrier", "overlap", "osp")
 #: The modes whose updates wait for the next forward's reads, not for the end of backward.
 DEFERRED_MODES: tuple[str, ...] = ("overlap", "osp")
 #: ``osp`` mode: the share of parameter bytes a plan may leave stale for a step, by default.
@@ -46,6 +56,8 @@ class Problem:
 
     ``max_stale_fraction`` (``osp`` mode): the most parameter bytes, as a share of all, whose
     buckets a plan may put in stage 2 (read one step stale, corrected by the local gradient).
+    ``memory_budget_bytes`` (``sharded`` mode): the most parameter and gradient bytes a rank may
+    hold at once (None: no limit).
     """
 
     graph: TrainGraph
@@ -53,6 +65,7 @@ class Problem:
     mode: Mode = "barrier"
     execution: Execution = "eager"
     max_stale_fraction: float = DEFAULT_MAX_STALE_FRACTION
+    memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -62,6 +75,15 @@ class Problem:
         fraction = self.max_stale_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
             raise SchedoptError(f"max_stale_fraction must be a number from 0 to 1, got {fraction!r}")
+        budget = self.memory_budget_bytes
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+                raise SchedoptError(f"memory_budget_bytes must be a positive whole number of bytes, got {budget!r}")
+            if self.mode != "sharded":
+                raise SchedoptError(f"a memory budget applies to sharded plans; this problem is in {self.mode} mode")
+        if self.mode == "sharded" and self.execution != "eager":
+            raise SchedoptError("sharded mode runs the autograd engine's order through FSDP2; plan it with "
+                                "execution eager")
 
     @property
     def deferred(self) -> bool:

@@ -16,7 +16,10 @@ one object per solver. The keys of a row are stable; scripts parse them:
 ``exposed_comm_s``        iteration time not covered by compute
 ``comm_s``                time the network is busy per iteration
 ``compute_s``             forward + backward + optimizer time
+``peak_memory_bytes``     sharded mode: the peak per rank of parameter and
+                          gradient bytes (null in the other modes)
 ``num_buckets``           number of buckets (collectives before chunking)
+``num_units``             sharded mode: number of FSDP units (0 otherwise)
 ``solve_time_s``          wall-clock time the solver took
 ``speedup_vs_ddp``        DDP's iteration time / this iteration time; DDP is
                           the ``pytorch-ddp`` plan in ``barrier`` mode, as
@@ -26,6 +29,8 @@ one object per solver. The keys of a row are stable; scripts parse them:
 ``headroom_share``        ``(T_ddp - T) / (T_ddp - perfect_overlap_s)``: the
                           share of what DDP leaves on the table this plan
                           takes (null when DDP is at the bound)
+``error``                 sharded mode: why a solver has no plan within the
+                          memory budget (its row's times are null)
 ========================  =====================================================
 
 Schema ``schedopt.compare/2`` added the last two keys to ``/1``'s, and
@@ -51,6 +56,7 @@ COLUMNS: tuple[str, ...] = (
     "solver",
     "status",
     "iteration_s",
+    "peak_memory_bytes",
     "lower_bound_s",
     "bound_s",
     "gap",
@@ -59,6 +65,7 @@ COLUMNS: tuple[str, ...] = (
     "comm_s",
     "compute_s",
     "num_buckets",
+    "num_units",
     "solve_time_s",
     "speedup_vs_ddp",
     "perfect_overlap_s",
@@ -80,7 +87,7 @@ def perfect_overlap_s(problem: Problem) -> float:
 
     from .simulate import lower_bound
 
-    return lower_bound(replace(problem, mode="overlap"))
+    return lower_bound(replace(problem, mode="overlap", memory_budget_bytes=None))
 
 
 def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:
@@ -90,6 +97,14 @@ def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:
     return ddp_timeline(problem, ddp_plan).iteration_s
 
 
+def _replicated(problem: Problem) -> Problem:
+    """The problem DDP's baseline runs in: ``problem`` itself, or its graph and cluster replicated
+    (``barrier``) where it is sharded."""
+    from dataclasses import replace
+
+    return problem if problem.mode != "sharded" else replace(problem, mode="barrier", memory_budget_bytes=None)
+
+
 def ddp_timeline(problem: Problem, ddp_plan: Plan):
     """The ``pytorch-ddp`` plan's buckets run as torch's DDP runs them: ``barrier`` mode, one stage."""
     from dataclasses import replace
@@ -97,7 +112,7 @@ def ddp_timeline(problem: Problem, ddp_plan: Plan):
     from .simulate import simulate
 
     plan = replace(ddp_plan, mode="barrier", buckets=tuple(replace(b, stage=1) for b in ddp_plan.buckets))
-    return simulate(replace(problem, mode="barrier"), plan)
+    return simulate(replace(problem, mode="barrier", memory_budget_bytes=None), plan)
 
 
 def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None) -> dict[str, Any]:
@@ -109,6 +124,7 @@ def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | N
         "solver": plan.solver.name,
         "status": plan.solver.status,
         "iteration_s": iteration,
+        "peak_memory_bytes": predicted.peak_memory_bytes,
         "lower_bound_s": predicted.lower_bound_s,
         "bound_s": plan.solver.bound_s,
         "gap": plan.solver.gap,
@@ -117,6 +133,7 @@ def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | N
         "comm_s": predicted.comm_s,
         "compute_s": predicted.compute_s,
         "num_buckets": len(plan.buckets),
+        "num_units": len(plan.units),
         "solve_time_s": plan.solver.solve_time_s,
         "speedup_vs_ddp": baseline_s / iteration if baseline_s and iteration > 0 else None,
         "perfect_overlap_s": perfect_s,
@@ -136,23 +153,35 @@ def compare(
 ) -> list[dict[str, Any]]:
     """Run each solver on ``problem`` and return one comparison row per solver.
 
-    ``pytorch-ddp`` always runs (it is the speedup baseline) and is reused
-    when it is also in ``solvers``. ``progress`` wraps the iteration (a tqdm
-    bar in the CLI); ``on_plan`` sees every plan (to save it).
+    ``pytorch-ddp`` always runs (it is the speedup baseline: in sharded mode, on the same graph and
+    cluster replicated) and is reused when it is also in ``solvers``. ``progress`` wraps the
+    iteration (a tqdm bar in the CLI); ``on_plan`` sees every plan (to save it). In sharded mode a
+    solver with no plan within the memory budget gets a row with ``error`` and null times.
     """
+    from .errors import SolverError
     from .solvers import get  # the core reaches solvers only through their public entry point
 
     runners = {name: get(name) for name in solvers}  # unknown names fail before any work
     plans: dict[str, Plan] = {}
-    if BASELINE not in runners:
-        plans[BASELINE] = get(BASELINE)(problem, time_limit_s=time_limit_s, seed=seed)
+    failed: dict[str, str] = {}
+    if BASELINE not in runners or problem.mode == "sharded":
+        ddp = get(BASELINE)(_replicated(problem), time_limit_s=time_limit_s, seed=seed)
     for name in progress(list(solvers)):
-        plans[name] = runners[name](problem, time_limit_s=time_limit_s, seed=seed)
+        try:
+            plans[name] = runners[name](problem, time_limit_s=time_limit_s, seed=seed)
+        except SolverError as exc:
+            if problem.mode != "sharded" or problem.memory_budget_bytes is None:
+                raise
+            failed[name] = str(exc)
+            continue
         if on_plan is not None:
             on_plan(name, plans[name])
-    baseline = ddp_iteration_s(problem, plans[BASELINE])
+    baseline = ddp_iteration_s(_replicated(problem), plans.get(BASELINE) if problem.mode != "sharded" and
+                               BASELINE in runners else ddp)
     perfect = perfect_overlap_s(problem)
-    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect) for name in solvers]
+    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect) if name in plans else
+            {**dict.fromkeys(COLUMNS), "solver": name, "status": "OVER_BUDGET", "error": failed[name]}
+            for name in solvers]
 
 
 SWEEP_COLUMNS: tuple[str, ...] = ("world_size", "bandwidth_Bps", *COLUMNS)
@@ -170,6 +199,7 @@ def sweep(
     execution: str = "eager",
     time_limit_s: float | None = None,
     seed: int = 0,
+    memory_budget_bytes: int | None = None,
     progress: Callable[[Iterable[tuple[int, float]]], Iterable[tuple[int, float]]] = lambda cases: cases,
 ) -> list[dict[str, Any]]:
     """Compare ``solvers`` on ``graph`` for every world size and bandwidth; one row per (case, solver).
@@ -184,7 +214,7 @@ def sweep(
     for world_size, bandwidth in progress(cases):
         cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
         problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution,  # type: ignore[arg-type]
-                          max_stale_fraction=max_stale_fraction)
+                          max_stale_fraction=max_stale_fraction, memory_budget_bytes=memory_budget_bytes)
         for row in compare(problem, solvers, time_limit_s=time_limit_s, seed=seed):
             rows.append({"world_size": world_size, "bandwidth_Bps": bandwidth, **row})
     return rows
@@ -200,6 +230,10 @@ def _cell(value: Any, column: str) -> str:
         return f"{value * 1e3:.3f}"
     if column in ("gap", "gap_to_lower_bound", "headroom_share") and isinstance(value, float):
         return f"{value * 100:.2f}%"
+    if column.endswith("_bytes"):
+        from .units import format_size
+
+        return format_size(value)
     if column == "speedup_vs_ddp":
         return f"{value:.3f}x"
     if column == "bandwidth_Bps":

@@ -33,6 +33,11 @@ Lower bound, valid for every order and bucketing (``Problem`` only):
   c(p)``: every ancestor of every gradient runs before the last gradient
   exists, after which at least that parameter's bytes cross the network.
 - ``overlap``, per step: ``max(T_fwd + T_bwd + T_opt, C_all)``.
+- ``sharded``: :func:`schedopt.shard_sim.sharded_lower_bound`.
+
+``sharded`` plans run on the same machine (:mod:`.shard_sim`): all-gathers and reduce-scatters on
+the FIFO channel at the plan's hooks, ops waiting for their unit's all-gather, and the peak memory
+per rank (``Timeline.peak_memory_bytes``, ``Timeline.memory`` its curve).
 """
 
 from __future__ import annotations
@@ -43,8 +48,10 @@ from typing import Literal, Mapping
 from .cluster import Cluster
 from .graph import TrainGraph
 from .layout import Collective, graph_layout
+from .errors import InvalidPlanError
 from .plan import Plan, Prediction, validate
 from .problem import Problem
+from .shard_sim import run_sharded_step, sharded_lower_bound
 from .steady import Machine, StepProgram, run_steady_state
 
 __all__ = [
@@ -115,6 +122,12 @@ class Timeline:
     #: Overlap mode: whether three consecutive periods agreed within the engine's steps (else the
     #: period is the mean of the last four; see :mod:`.steady`).
     converged: bool = True
+    #: Sharded mode: the peak per rank of parameter and gradient bytes, when it occurs, what is
+    #: alive then, and the memory curve ``(time, bytes)`` over the step.
+    peak_memory_bytes: float | None = None
+    peak_memory_s: float | None = None
+    peak_memory_what: str = ""
+    memory: tuple[tuple[float, float], ...] = ()
 
     @property
     def gap(self) -> float:
@@ -128,6 +141,7 @@ class Timeline:
             comm_s=self.comm_s,
             exposed_comm_s=self.exposed_comm_s,
             lower_bound_s=self.lower_bound_s,
+            peak_memory_bytes=self.peak_memory_bytes,
         )
 
 
@@ -166,6 +180,8 @@ def comm_schedule(
 
 def lower_bound(problem: Problem) -> float:
     """Return a lower bound on the iteration time valid for every plan (see module docstring)."""
+    if problem.mode == "sharded":
+        return sharded_lower_bound(problem)
     graph, cluster = problem.graph, problem.cluster
     totals = graph.totals
     compute = totals.forward_s + totals.backward_s
@@ -185,10 +201,48 @@ def simulate(problem: Problem, plan: Plan) -> Timeline:
     Raises:
         PlanMismatchError, InvalidPlanError: the plan does not fit the graph.
     """
+    if plan.mode != problem.mode and "sharded" in (plan.mode, problem.mode):
+        raise InvalidPlanError(f"a {plan.mode} plan cannot be simulated in {problem.mode} mode"
+                               + ("; sharded plans have units, not buckets" if problem.mode == "sharded" else ""))
     validate(plan, problem.graph)
     if problem.mode == "barrier":
         return _simulate_barrier(problem, plan)
+    if problem.mode == "sharded":
+        return _simulate_sharded(problem, plan)
     return _simulate_overlap(problem, plan)
+
+
+def _simulate_sharded(problem: Problem, plan: Plan) -> Timeline:
+    """One step of :mod:`.shard_sim` as a timeline: ops, waits, collectives, memory."""
+    graph = problem.graph
+    step = run_sharded_step(graph, plan, problem.cluster)
+    compute_ops = [o for o in plan.order if graph.ops[o].phase != "optimizer"]
+    events = [Event(track="compute", name=o, start_s=a, end_s=b, category=graph.ops[o].phase)
+              for o, a, b in zip(compute_ops, step.op_start, step.op_end)]
+    events += [Event(track="compute", name=f"wait[{kind} unit{i}]", start_s=a, end_s=b, category="wait")
+               for _, i, kind, a, b in step.waits]
+    events += [Event(track="comm", name=f"{kind} unit{i}", start_s=a, end_s=b, category=kind.split(" ")[0])
+               for kind, i, _, a, b in step.collectives]
+    t = max([step.backward_end_s] + [c[4] for c in step.collectives])
+    for op_id in plan.order:
+        op = graph.ops[op_id]
+        if op.phase == "optimizer":
+            events.append(Event(track="compute", name=op_id, start_s=t, end_s=t + op.duration_s, category=op.phase))
+            t += op.duration_s
+    unit_of = {name: i for i, u in enumerate(plan.units) for name in u.params}
+    scattered = {i: end for kind, i, _, _, end in step.collectives if kind == "reduce-scatter"}
+    end_of = dict(zip(compute_ops, step.op_end))
+    optimizer_start = max([step.backward_end_s] + list(scattered.values()))
+    windows = {name: Window(ready_s=end_of[p.grad_op], deadline_s=optimizer_start, synced_s=scattered[unit_of[name]])
+               for name, p in graph.params.items()}
+    peak, when, what = step.peak()
+    compute = _compute_total(graph)
+    return Timeline(
+        mode="sharded", iteration_s=step.end_s, compute_s=compute,
+        comm_s=sum(c[4] - c[3] for c in step.collectives), exposed_comm_s=max(step.end_s - compute, 0.0),
+        lower_bound_s=lower_bound(problem), windows=windows,
+        events=tuple(sorted(events, key=lambda e: (e.start_s, e.track))),
+        peak_memory_bytes=peak, peak_memory_s=when, peak_memory_what=what, memory=tuple(step.memory_curve()))
 
 
 def _compute_total(graph: TrainGraph) -> float:

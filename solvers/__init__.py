@@ -10,7 +10,8 @@ from __future__ import annotations
 
 # Importing a strategy module registers it; the registry keeps this order.
 from . import bytescheduler, caramel, ddp, horovod, mgwfbp, tictac  # noqa: F401
-from . import cpsat  # noqa: F401  (last: it warm-starts from every solver above)
-from .registry import SOLVERS, SolverFn, get, register
+from . import cpsat  # noqa: F401  (it warm-starts from the solvers above)
+from . import fsdp  # noqa: F401  (sharded mode's baselines)
+from .registry import SOLVERS, SolverFn, get, register, solvers_for
 
-__all__ = ["SOLVERS", "SolverFn", "get", "register"]
+__all__ = ["SOLVERS", "SolverFn", "get", "register", "solvers_for"]

@@ -21,19 +21,28 @@ from schedopt.errors import SolverError
 from .options import check_options
 from .stages import StageOptions, choose_stages, stale_fraction
 from schedopt.plan import Plan, validate
-from schedopt.problem import Problem
+from schedopt.problem import BUCKET_MODES, Problem
 from schedopt.simulate import simulate
 
-__all__ = ["SOLVERS", "register", "get", "SolverFn"]
+__all__ = ["SOLVERS", "register", "get", "solvers_for", "SolverFn"]
 
 SolverFn = Callable[..., Plan]
 
 #: Registered solvers by name, in registration order.
 SOLVERS: dict[str, SolverFn] = {}
+#: The modes each registered solver plans.
+MODES_OF: dict[str, tuple[str, ...]] = {}
 
 
-def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[SolverFn], SolverFn]:
-    """Register a solver function under ``name``; ``limits`` caps numeric options (name -> largest value).
+def solvers_for(mode: str) -> list[str]:
+    """The names of the solvers that plan ``mode``, in registration order."""
+    return [name for name in SOLVERS if mode in MODES_OF[name]]
+
+
+def register(name: str, *, limits: dict[str, float] | None = None,
+             modes: tuple[str, ...] = BUCKET_MODES) -> Callable[[SolverFn], SolverFn]:
+    """Register a solver function under ``name``; ``limits`` caps numeric options (name -> largest value);
+    ``modes``: the modes it plans (bucketed all-reduces by default; ``sharded`` plans units).
 
     Example:
         >>> @register("my-solver")  # doctest: +SKIP
@@ -47,6 +56,11 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
 
         @functools.wraps(fn)
         def run(problem: Problem, *, stages: Any = None, **options: Any) -> Plan:
+            if problem.mode not in modes:
+                raise SolverError(f"solver {name!r} does not plan {problem.mode} mode ("
+                                  + ("it plans bucketed all-reduces" if "sharded" not in modes else
+                                     "it plans FSDP units") + f"); {problem.mode} mode is planned by "
+                                  f"{', '.join(solvers_for(problem.mode))}")
             if stages is not None and problem.mode != "osp":
                 raise SolverError(f"the stages option tunes the osp stage choice; this problem is in {problem.mode} mode")
             stage_options = StageOptions.make(stages) if problem.mode == "osp" else None  # checked before any work
@@ -71,6 +85,7 @@ def register(name: str, *, limits: dict[str, float] | None = None) -> Callable[[
             return plan.with_prediction(simulate(problem, plan).prediction())
 
         SOLVERS[name] = run
+        MODES_OF[name] = tuple(modes)
         return run
 
     return decorate

@@ -83,7 +83,7 @@ def test_plan_takes_a_cluster_file_and_an_execution(tmp_path, capsys):
                  str(tmp_path / "cluster.json"), "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert data["cluster"]["world_size"] == 2 and data["cluster"]["bandwidth_Bps"] == 5e7
-    assert data["execution"] == "eager" and data["schema"] == "schedopt.plan/3"
+    assert data["execution"] == "eager" and data["schema"] == "schedopt.plan/4"
     assert main(["plan", f"{MODELS_FILE}:tiny_branches", "--solver", "caramel", "--cluster",
                  str(tmp_path / "cluster.json"), "--execution", "compiled", "-o", str(plan)]) == 0
     assert json.loads(plan.read_text())["execution"] == "compiled"

@@ -93,7 +93,7 @@ def test_plan_format_carries_stages_and_refuses_stage_2_outside_osp(tmp_path):
     path = tmp_path / "osp.json"
     plan.save(path)
     data = json.loads(path.read_text())
-    assert data["schema"] == "schedopt.plan/3" and {b["stage"] for b in data["buckets"]} <= {1, 2}
+    assert data["schema"] == "schedopt.plan/4" and {b["stage"] for b in data["buckets"]} <= {1, 2}
     assert Plan.load(path).buckets == plan.buckets
     data["schema"] = "schedopt.plan/2"
     for b in data["buckets"]:

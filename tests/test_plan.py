@@ -32,7 +32,7 @@ def test_round_trip_through_a_file(tmp_path, problem):
     again = Plan.load(path)
     assert again == plan
     data = json.loads(path.read_text())
-    assert data["schema"] == "schedopt.plan/3" and data["execution"] == "eager"
+    assert data["schema"] == "schedopt.plan/4" and data["execution"] == "eager"
     assert data["model"]["fingerprint"] == problem.graph.fingerprint
     assert set(data["predicted"]) == {"iteration_s", "compute_s", "comm_s", "exposed_comm_s", "lower_bound_s"}
     assert data["buckets"][0] == {"params": list(plan.buckets[0].params), "chunks": 1, "stage": 1}
@@ -40,10 +40,10 @@ def test_round_trip_through_a_file(tmp_path, problem):
 
 def test_unknown_schema_version_is_refused(tmp_path, plan):
     data = plan.to_json()
-    data["schema"] = "schedopt.plan/4"
+    data["schema"] = "schedopt.plan/5"
     path = tmp_path / "future.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(InvalidPlanError, match="unsupported plan schema 'schedopt.plan/4'"):
+    with pytest.raises(InvalidPlanError, match="unsupported plan schema 'schedopt.plan/5'"):
         Plan.load(path)
 
 
@@ -70,7 +70,7 @@ def test_a_schema_1_plan_loads_as_compiled_and_saves_as_schema_2(tmp_path, probl
     validate(plan, problem.graph)
     plan.save(tmp_path / "new.json")
     again = json.loads((tmp_path / "new.json").read_text())
-    assert again["schema"] == "schedopt.plan/3" and again["execution"] == "compiled"
+    assert again["schema"] == "schedopt.plan/4" and again["execution"] == "compiled"
     from schedopt.cli import main
 
     assert main(["inspect", str(old)]) == 0

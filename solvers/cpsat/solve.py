@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from schedopt.errors import SolverError
 from schedopt.plan import Plan, SolverInfo
-from schedopt.problem import Problem
+from schedopt.problem import MODES, Problem
 from schedopt.simulate import simulate
 
 from ..interrupt import interruptible
@@ -29,6 +29,7 @@ from .config import CpsatOptions
 from .deadline import MIN_PHASE_S, Deadline
 from .overlap import OverlapModel, overlap_units
 from .phases import overlap_ops, split_prefix
+from .sharded import ShardedOptions, solve_sharded
 from .warm import warm_starts
 
 __all__ = ["solve_cpsat", "CpsatProgress"]
@@ -44,7 +45,7 @@ class CpsatProgress:
     bound_s: float
 
 
-@register("cpsat")
+@register("cpsat", modes=MODES)
 def solve_cpsat(
     problem: Problem,
     *,
@@ -64,6 +65,15 @@ def solve_cpsat(
         SolverError: a bad option, ``max_buckets`` below the warm start's bucket count, or a warm
             start the model rejects (a bug).
     """
+    if problem.mode == "sharded":
+        if max_buckets is not None:
+            raise SolverError("max_buckets applies to bucketed modes; a sharded plan has units")
+        known = set(ShardedOptions.__dataclass_fields__) - {"time_limit_s", "num_workers", "seed"}
+        unknown = sorted(set(tuning or {}) - known)
+        if unknown:
+            raise SolverError(f"cpsat has no sharded tuning {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(known))}")
+        return solve_sharded(problem, ShardedOptions(time_limit_s=60.0 if time_limit_s is None else time_limit_s,
+                                                     num_workers=num_workers, seed=seed, **dict(tuning or {})))
     options = CpsatOptions.make(tuning, time_limit_s=60.0 if time_limit_s is None else time_limit_s,
                                 num_workers=num_workers, seed=seed, max_buckets=max_buckets)
     return _Solve(problem, options, on_progress).run()

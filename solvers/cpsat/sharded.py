@@ -1,0 +1,373 @@
+"""CP-SAT for ``sharded`` mode: units, reshard flags and prefetch points chosen jointly under the budget.
+
+Data: the atoms (:func:`..fsdp.atoms`, the modules units are made of, in forward order; the pinned
+ones and any parameter outside them form the root unit, gathered first and kept). A unit is a run of
+at most ``max_atoms`` consecutive free atoms.
+
+Model, in integer ticks, on the stream's *points* (before and after ops where a hook acts):
+
+- per candidate unit u: ``x[u]`` chosen; per issue point q of its forward all-gather (a unit start
+  at most ``window`` atoms back, or the step start) ``fk[u,q]`` kept / ``fr[u,q]`` resharded after
+  forward; per issue point of its backward all-gather (a unit end at most ``window`` atoms on)
+  ``b[u,q]``; per point by which its reduce-scatter must have ended ``g[u,k]`` (or none: its
+  gradient is held to the end of the backward). Every atom is in exactly one chosen unit.
+- time: ``T[p]`` the stream reaching point p, ``W[p] >= T[p]`` after its waits,
+  ``T[p+1] = W[p] + compute between``; the FIFO channel as a cursor: the collectives issued at p
+  start at ``S[p] >= max(channel free, T[p])`` one after another in the simulator's order;
+  an op waits (``W >= end``) for the all-gather of its unit.
+- memory at every point: the shards, the root, every chosen option's unsharded parameters between
+  its static allocation and free points, every gradient from its first op to its ``g`` point;
+  at most the budget. Objective: the step's end (the last of the backward and the channel) plus the
+  optimizer.
+
+The plan read back is re-simulated: the simulator is the judge of time and memory, and the best
+baseline within budget is returned when CP-SAT's plan is not better (``stats["result"]``). The
+bound reported is :func:`schedopt.shard_sim.sharded_lower_bound` (valid for every sharded plan);
+the model's own bound holds only inside its windows and is recorded as ``stats["model_bound_s"]``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from schedopt.errors import SolverError
+from schedopt.orders import engine_order
+from schedopt.plan import Plan, SolverInfo
+from schedopt.problem import Problem
+from schedopt.shard_sim import peak_memory, sharded_lower_bound
+from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
+from schedopt.simulate import simulate
+
+from ..fsdp import atoms, build_units
+from ..registry import SOLVERS, solvers_for
+
+__all__ = ["solve_sharded", "ShardedOptions"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardedOptions:
+    time_limit_s: float = 60.0
+    num_workers: int = 2
+    seed: int = 0
+    #: the most atoms (blocks) one unit may hold
+    max_atoms: int = 6
+    #: how many atoms back (forward) or on (backward) an all-gather may be issued
+    window: int = 3
+    #: the points after its post-backward by which a reduce-scatter may be required to end
+    grad_window: int = 3
+    #: ticks of the model's horizon (the warm start's step)
+    horizon_ticks: int = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    first: int  # atom range [first, last]
+    last: int
+    modules: tuple[str, ...]
+    params: tuple[str, ...]
+    nbytes: int
+    span: UnitSpan
+
+
+class _Data:
+    """Atoms, candidate units and the stream's points, for one problem."""
+
+    def __init__(self, problem: Problem, max_atoms: int) -> None:
+        graph = problem.graph
+        self.order = engine_order(graph)
+        names, pinned = atoms(graph)
+        self.free = [m for m in names if m not in pinned]
+        self.pinned = pinned
+        tree = graph.modules
+        groups = [[m] for m in self.free]
+        root_params = assign_params(tree, [*groups, [ROOT]])[-1]
+        self.root = Unit(modules=(ROOT,), params=tuple(root_params), reshard_after_forward=False)
+        probe = [Unit(modules=tuple(self.free[a:b + 1]), params=())
+                 for a in range(len(self.free)) for b in range(a, min(a + max_atoms, len(self.free)))]
+        probe = [replace(u, params=tuple(assign_params(tree, [u.modules])[0])) for u in probe]
+        units = probe + ([self.root] if root_params else [])
+        geometry = Geometry(graph, self.order, units)
+        index = {m: k for k, m in enumerate(self.free)}
+        self.candidates = [
+            _Candidate(first=index[u.modules[0]], last=index[u.modules[-1]], modules=u.modules, params=u.params,
+                       nbytes=n, span=s) for u, n, s in zip(probe, geometry.nbytes, geometry.spans)]
+        self.root_span = geometry.spans[-1] if root_params else None
+        self.root_bytes = geometry.nbytes[-1] if root_params else 0
+        self.durations = [graph.ops[o].duration_s for o in geometry.compute_ops]
+        self.prefix = [0.0]
+        for d in self.durations:
+            self.prefix.append(self.prefix[-1] + d)
+        self.n_ops = len(self.durations)
+        self.total_bytes = sum(c.nbytes for c in self.candidates if c.first == c.last) + self.root_bytes
+        self.first_atom_ff = {c.first: c.span.forward_first for c in self.candidates if c.first == c.last}
+        self.last_atom_bf = {c.last: c.span.backward_first for c in self.candidates if c.first == c.last}
+
+
+def _before(j: int) -> tuple[int, int]:
+    return (j, 1)
+
+
+def _after(j: int) -> tuple[int, int]:
+    return (j + 1, 0)
+
+
+class _Model:
+    """The CP-SAT model of :mod:`this module <.sharded>` over :class:`_Data`."""
+
+    def __init__(self, problem: Problem, data: _Data, options: ShardedOptions, tick_s: float) -> None:
+        self.problem, self.data, self.options, self.tick = problem, data, options, tick_s
+        self.m = cp_model.CpModel()
+        self.cost = lambda nbytes: max(1, round(problem.cluster.shard_collective_s(nbytes) / tick_s))
+        self.issue: dict[tuple[int, int], list[tuple[Any, Any, int, int]]] = {}  # point -> (order key, lit, dur, id)
+        self.waits: dict[tuple[int, int], list[tuple[int, Any]]] = {}  # point -> (collective id, lit)
+        self.mem: list[tuple[tuple[int, int], tuple[int, int], int, Any]] = []  # (from, to, bytes, lit)
+        self.rs_free: list[tuple[int, Any, tuple[int, int]]] = []  # (collective id, lit, point): end <= T[point]
+        self.n_coll = 0
+        self._choices()
+        self._root()
+        self._points()
+        self._time()
+        self._memory()
+
+    def _coll(self, point, key, lit, nbytes) -> int:
+        cid = self.n_coll
+        self.n_coll += 1
+        self.issue.setdefault(point, []).append((key, lit, self.cost(nbytes), cid))
+        return cid
+
+    def _choices(self) -> None:
+        d, m, o = self.data, self.m, self.options
+        A = len(d.free)
+        self.x = {k: m.NewBoolVar(f"x[{c.first},{c.last}]") for k, c in enumerate(d.candidates)}
+        for a in range(A):
+            m.AddExactlyOne([self.x[k] for k, c in enumerate(d.candidates) if c.first <= a <= c.last])
+        starts = {a: [self.x[k] for k, c in enumerate(d.candidates) if c.first == a] for a in range(A)}
+        ends = {a: [self.x[k] for k, c in enumerate(d.candidates) if c.last == a] for a in range(A)}
+        self.fk, self.fr, self.b, self.g = {}, {}, {}, {}
+        end_bwd = _after(d.n_ops - 1)
+        for k, c in enumerate(d.candidates):
+            sp = c.span
+            qs = [q for q in range(max(0, c.first - o.window), c.first + 1)] + ([-1] if c.first <= o.window else [])
+            for q in qs:
+                fk, fr = m.NewBoolVar(f"fk[{k},{q}]"), m.NewBoolVar(f"fr[{k},{q}]")
+                if q >= 0 and q != c.first:
+                    m.AddBoolOr(starts[q]).OnlyEnforceIf(fk)
+                    m.AddBoolOr(starts[q]).OnlyEnforceIf(fr)
+                self.fk[k, q], self.fr[k, q] = fk, fr
+                point = _before(0 if q < 0 else d.first_atom_ff[q])
+                for lit, free in ((fk, _after(sp.backward_last)), (fr, _after(sp.forward_last))):
+                    cid = self._coll(point, (0, c.first), lit, c.nbytes)
+                    self.waits.setdefault(_before(sp.forward_first), []).append((cid, lit))
+                    self.mem.append((point, free, c.nbytes, lit))
+            m.Add(sum(self.fk[k, q] + self.fr[k, q] for q in qs) == self.x[k])
+            resharded = sum(self.fr[k, q] for q in qs)
+            bqs = [q for q in range(c.last, min(A, c.last + o.window + 1))]
+            for q in bqs:
+                lit = m.NewBoolVar(f"b[{k},{q}]")
+                if q != c.last:
+                    m.AddBoolOr(ends[q]).OnlyEnforceIf(lit)
+                self.b[k, q] = lit
+                point = _before(min(d.last_atom_bf[q], sp.backward_first))
+                cid = self._coll(point, (1, -c.first), lit, c.nbytes)
+                self.waits.setdefault(_before(sp.backward_first), []).append((cid, lit))
+                self.mem.append((point, _after(sp.backward_last), c.nbytes, lit))
+            m.Add(sum(self.b[k, q] for q in bqs) == resharded)
+            rs = self._coll(_after(sp.backward_last), (2, -c.first), self.x[k], c.nbytes)
+            self.g[k] = []
+            for step in range(o.grad_window + 1):
+                lit = m.NewBoolVar(f"g[{k},{step}]")
+                self.g[k].append((lit, rs, step))
+            m.Add(sum(lit for lit, _, _ in self.g[k]) == self.x[k])
+        self.end_bwd = end_bwd
+
+    def _root(self) -> None:
+        d = self.data
+        if not d.root_bytes:
+            return
+        one = self.m.NewConstant(1)
+        cid = self._coll(_before(0), (-1, 0), one, d.root_bytes)
+        self.waits.setdefault(_before(d.root_span.forward_first), []).append((cid, one))
+        self.mem.append((_before(0), self.end_bwd, d.root_bytes, one))
+        self.mem.append((_before(d.root_span.grad_first), self.end_bwd, d.root_bytes, one))
+        self.root_rs = self._coll(_after(d.root_span.backward_last), (2, 1), one, d.root_bytes)
+
+    def _points(self) -> None:
+        d = self.data
+        pts = {_before(0), self.end_bwd, *self.issue, *self.waits}
+        pts |= {p for a, b, _, _ in self.mem for p in (a, b)}
+        for c in self.data.candidates:
+            pts.add(_before(c.span.grad_first))
+        self.points = sorted(pts)
+        self.pos = {p: i for i, p in enumerate(self.points)}
+        # reduce-scatter frees: step s after the post-backward point
+        for k, c in enumerate(d.candidates):
+            start = self.pos[_after(c.span.backward_last)]
+            for lit, rs, step in self.g[k]:
+                if step < self.options.grad_window and start + step + 1 < len(self.points):
+                    until = self.points[start + step + 1]
+                    self.rs_free.append((rs, lit, until))
+                else:
+                    until = self.end_bwd
+                self.mem.append((_before(c.span.grad_first), until, c.nbytes, lit))
+
+    def _time(self) -> None:
+        m, d = self.m, self.data
+        horizon = self.options.horizon_ticks * 4
+        ticks = lambda s: round(s / self.tick)
+        P = len(self.points)
+        self.T = [m.NewIntVar(0, horizon, f"T[{p}]") for p in self.points]
+        self.W = [m.NewIntVar(0, horizon, f"W[{p}]") for p in self.points]
+        m.Add(self.T[0] == 0)
+        for i in range(P - 1):
+            seg = ticks(d.prefix[self.points[i + 1][0]]) - ticks(d.prefix[self.points[i][0]])
+            m.Add(self.W[i] >= self.T[i])
+            m.Add(self.T[i + 1] == self.W[i] + seg)
+        m.Add(self.W[P - 1] >= self.T[P - 1])
+        ends: dict[int, Any] = {}
+        channel = m.NewConstant(0)
+        for i, p in enumerate(self.points):
+            batch = sorted(self.issue.get(p, ()), key=lambda e: e[0])
+            if not batch:
+                continue
+            start = m.NewIntVar(0, horizon, f"S[{p}]")
+            m.Add(start >= channel)
+            m.Add(start >= self.T[i])
+            acc = []
+            for _, lit, dur, cid in batch:
+                acc.append(dur * lit)
+                ends[cid] = start + sum(acc)
+            channel = m.NewIntVar(0, horizon, f"C[{p}]")
+            m.Add(channel == start + sum(acc))
+        for p, needs in self.waits.items():
+            for cid, lit in needs:
+                m.Add(self.W[self.pos[p]] >= ends[cid]).OnlyEnforceIf(lit)
+        for cid, lit, p in self.rs_free:
+            m.Add(ends[cid] <= self.T[self.pos[p]]).OnlyEnforceIf(lit)
+        self.makespan = m.NewIntVar(0, horizon, "makespan")
+        m.Add(self.makespan >= self.W[P - 1])
+        m.Add(self.makespan >= channel)
+        m.Minimize(self.makespan)
+
+    def _memory(self) -> None:
+        budget = self.problem.memory_budget_bytes
+        if budget is None:
+            return
+        scale = 2**16  # bytes per memory unit (CP-SAT's coefficients stay small)
+        n = self.problem.cluster.world_size
+        base = self.data.total_bytes / n
+        cap = int((budget - base) // scale)
+        for i, p in enumerate(self.points):
+            terms = [(-(-nbytes // scale)) * lit for a, b, nbytes, lit in self.mem if a <= p < b]
+            if terms:
+                self.m.Add(sum(terms) <= cap)
+
+    # -------------------------------------------------------------- hint/read
+
+    def hint(self, units: list[Unit]) -> bool:
+        """Hint a plan's units where they are candidates; False where they are not."""
+        d = self.data
+        where = {(c.first, c.last): k for k, c in enumerate(d.candidates)}
+        index = {m_: a for a, m_ in enumerate(d.free)}
+        blocks = [u for u in units if not u.is_root]
+        try:
+            chosen = [(where[(index[u.modules[0]], index[u.modules[-1]])], u) for u in blocks]
+        except KeyError:
+            return False
+        if sorted(a for u in blocks for a in (index[x] for x in u.modules)) != list(range(len(d.free))):
+            return False
+        picked = {k for k, _ in chosen}
+        for k, var in self.x.items():
+            self.m.AddHint(var, k in picked)
+        starts = [d.candidates[k].first for k, _ in chosen]
+        offset = 1 if units[0].is_root else 0
+        for pos, (k, u) in enumerate(chosen):
+            back = pos + offset - u.prefetch_forward - offset  # the issuing unit, among the blocks
+            q = starts[back] if back >= 0 else -1
+            q = q if (k, q) in self.fk else d.candidates[k].first
+            for (kk, qq), var in self.fk.items():
+                if kk == k:
+                    self.m.AddHint(var, qq == q and not u.reshard_after_forward)
+                    self.m.AddHint(self.fr[kk, qq], qq == q and u.reshard_after_forward)
+        return True
+
+    def read(self, solver: cp_model.CpSolver) -> list[list[Any]]:
+        """(modules, reshard, forward issue atom, backward issue atom) per chosen unit, forward order."""
+        d, out = self.data, []
+        for k, c in enumerate(d.candidates):
+            if not solver.Value(self.x[k]):
+                continue
+            fq = next(q for (kk, q) in self.fk if kk == k and solver.Value(self.fk[kk, q]) + solver.Value(self.fr[kk, q]))
+            reshard = any(solver.Value(self.fr[kk, q]) for (kk, q) in self.fr if kk == k)
+            bq = next((q for (kk, q) in self.b if kk == k and solver.Value(self.b[kk, q])), c.last)
+            out.append([c, reshard, fq, bq])
+        return sorted(out, key=lambda e: e[0].first)
+
+
+def _plan_of(problem: Problem, data: _Data, picked: list[list[Any]], name: str, stats: dict) -> Plan:
+    """The plan of the model's choice: issue atoms turned into prefetch distances in units."""
+    starts = [c.first for c, *_ in picked]
+    ends = [c.last for c, *_ in picked]
+    units = build_units(problem.graph, [c.modules for c, *_ in picked], reshard=[r for _, r, _, _ in picked])
+    offset = 1 if units and units[0].is_root else 0
+    out = list(units)
+    for pos, (c, _, fq, bq) in enumerate(picked):
+        k = pos + offset
+        fwd = k if fq < 0 else pos - starts.index(fq)
+        bwd = ends.index(bq) - pos
+        out[k] = replace(out[k], prefetch_forward=min(fwd, k), prefetch_backward=min(bwd, len(out) - 1 - k))
+    return Plan.for_problem(problem, order=data.order, units=out, solver=SolverInfo(name=name, stats=stats))
+
+
+def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
+    """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring)."""
+    started = time.perf_counter()
+    baselines, failures = [], []
+    for name in solvers_for("sharded"):
+        if name == "cpsat":
+            continue
+        try:
+            baselines.append(SOLVERS[name](problem))
+        except SolverError as exc:
+            failures.append(str(exc))
+    if not baselines:
+        raise SolverError(f"cpsat: no sharded plan within the memory budget; {'; '.join(failures)}")
+    best = min(baselines, key=lambda p: p.predicted.iteration_s)
+    bound = sharded_lower_bound(problem)
+    stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
+
+    def finish(plan: Plan, status: str, **more: Any) -> Plan:
+        info = SolverInfo(name="cpsat", status=status, objective_s=simulate(problem, plan).iteration_s,
+                          bound_s=bound, options={"time_limit_s": options.time_limit_s, "seed": options.seed},
+                          stats={**stats, **more})
+        return replace(plan, solver=info)
+
+    if problem.graph.modules is None or problem.cluster.world_size == 1:
+        return finish(best, "FEASIBLE", result="warm start", why="no module tree or one rank: nothing to choose")
+    data = _Data(problem, options.max_atoms)
+    if not data.free:
+        return finish(best, "FEASIBLE", result="warm start", why="no module outside the root to make units of")
+    model = _Model(problem, data, options, tick_s=best.predicted.iteration_s / options.horizon_ticks)
+    stats["hinted"] = model.hint(list(best.units))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(1.0, options.time_limit_s - (time.perf_counter() - started))
+    solver.parameters.num_workers = options.num_workers
+    solver.parameters.random_seed = options.seed
+    status = solver.Solve(model.m)
+    stats.update(cp_status=solver.StatusName(status), num_candidates=len(data.candidates),
+                 num_points=len(model.points))
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return finish(best, "FEASIBLE", result="warm start", why=f"CP-SAT found no solution ({solver.StatusName(status)})")
+    stats["model_bound_s"] = solver.BestObjectiveBound() * model.tick + problem.graph.totals.optimizer_s
+    plan = _plan_of(problem, data, model.read(solver), "cpsat", stats)
+    budget = problem.memory_budget_bytes
+    if budget is not None and peak_memory(problem.graph, plan)[0] > budget:
+        return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates over budget")
+    t = simulate(problem, plan)
+    if t.iteration_s >= best.predicted.iteration_s:
+        return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates no faster")
+    gap_ok = t.iteration_s <= bound * (1 + 1e-9)
+    return finish(plan, "OPTIMAL" if gap_ok else "FEASIBLE", result="model")
