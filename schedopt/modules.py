@@ -88,9 +88,12 @@ class ModuleTree:
 
     def largest_repeated_container(self) -> str | None:
         """The ``ModuleList``/``Sequential``-like module with the most children that hold parameters
-        (torchtitan's blocks); None when no module has two such children. Ties: the first in the tree."""
+        (torchtitan's blocks); None when no module has two such children. Ties: the first in the tree.
+        The root counts only where no module below it qualifies."""
         best, best_count = None, 1
-        for path in self.types:
+        for path in [*(p for p in self.types if p), ""]:
+            if path == "" and best is not None:
+                break
             kids = [c for c in self.child_paths(path) if self.params_under(c)]
             if self.types[path] in ("ModuleList", "Sequential", "?") and len(kids) > best_count:
                 best, best_count = path, len(kids)

@@ -38,16 +38,14 @@ def chrome_trace(timeline: Timeline, *, name: str = "schedopt") -> dict[str, Any
             "dur": (e.end_s - e.start_s) * 1e6,
             "args": args,
         })
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "mode": timeline.mode,
-            "iteration_s": timeline.iteration_s,
-            "lower_bound_s": timeline.lower_bound_s,
-            "exposed_comm_s": timeline.exposed_comm_s,
-        },
-    }
+    # sharded timelines: memory per rank as a counter track ("C" events), in MiB
+    events += [{"name": "memory per rank (MiB)", "ph": "C", "pid": 1, "ts": t * 1e6,
+                "args": {"parameters and gradients": level / 2**20}} for t, level in timeline.memory]
+    other = {"mode": timeline.mode, "iteration_s": timeline.iteration_s, "lower_bound_s": timeline.lower_bound_s,
+             "exposed_comm_s": timeline.exposed_comm_s}
+    if timeline.peak_memory_bytes is not None:
+        other.update(peak_memory_bytes=timeline.peak_memory_bytes, peak_memory_s=timeline.peak_memory_s)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str], *, name: str = "schedopt") -> None:
@@ -58,6 +56,7 @@ def write_chrome_trace(timeline: Timeline, path: str | os.PathLike[str], *, name
 _COLORS = {"forward": "#4C72B0", "backward": "#DD8452", "optimizer": "#55A868", "wait": "#DDDDDD"}
 _COMM_COLORS = ("#8172B3", "#C44E52")
 _STAGE2_COLOR = "#CCB974"  # osp: a collective the forward two steps on reads
+_SHARD_COLORS = {"all-gather": "#8172B3", "reduce-scatter": "#C44E52"}  # sharded mode's collectives
 
 
 def steady_window(timeline: Timeline, length_s: float) -> list[Event]:
@@ -85,6 +84,8 @@ def _draw_gantt(ax: Any, timeline: Timeline, title: str, *, events: Sequence[Eve
     for e in timeline.events if events is None else events:
         if e.track == "compute":
             color = _COLORS.get(e.category, "#999999")
+        elif e.category in _SHARD_COLORS:
+            color = _SHARD_COLORS[e.category]
         else:
             color = _STAGE2_COLOR if e.category == "allreduce-stage2" else _COMM_COLORS[(e.bucket or 0) % 2]
         ax.broken_barh([(e.start_s * scale, max(e.duration_s * scale, 1e-9))], (rows[e.track] - 0.4, 0.8),
@@ -99,13 +100,15 @@ def _draw_gantt(ax: Any, timeline: Timeline, title: str, *, events: Sequence[Eve
     ax.set_title(f"{title}  —  {summary}" if title else summary, fontsize=10)
 
 
-def _legend(ax: Any, *, stage2: bool = False) -> None:
+def _legend(ax: Any, *, stage2: bool = False, sharded: bool = False) -> None:
     from matplotlib.patches import Patch
 
     handles = [Patch(color=c, label=k) for k, c in _COLORS.items()]
     handles.append(Patch(color=_COMM_COLORS[0], label="all-reduce (alternate buckets)"))
     if stage2:
         handles.append(Patch(color=_STAGE2_COLOR, label="all-reduce, stage 2 (read two steps on)"))
+    if sharded:
+        handles = handles[:-1] + [Patch(color=c, label=k) for k, c in _SHARD_COLORS.items()]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=5, fontsize=8, frameon=False)
 
 
@@ -114,10 +117,30 @@ def write_gantt(timeline: Timeline, path: str | os.PathLike[str], *, title: str 
     from .plots import pyplot, save_figure
 
     plt = pyplot()  # says how to install matplotlib when it is missing
-    fig, ax = plt.subplots(figsize=(14, 3.2))
+    if not timeline.memory:
+        fig, ax = plt.subplots(figsize=(14, 3.2))
+        _draw_gantt(ax, timeline, title)
+        _legend(ax, stage2=_has_stage2(timeline))
+        save_figure(fig, path)
+        return
+    fig, (ax, mem) = plt.subplots(2, 1, figsize=(14, 5.0), sharex=True, gridspec_kw={"height_ratios": [1.3, 1]})
     _draw_gantt(ax, timeline, title)
-    _legend(ax, stage2=_has_stage2(timeline))
+    _draw_memory(mem, timeline)
+    _legend(mem, sharded=True)
     save_figure(fig, path)
+
+
+def _draw_memory(ax: Any, timeline: Timeline) -> None:
+    """The memory per rank over the step (a step curve), its peak marked."""
+    times = [t * 1e3 for t, _ in timeline.memory] + [timeline.iteration_s * 1e3]
+    levels = [b / 2**20 for _, b in timeline.memory]
+    ax.step(times, levels + levels[-1:], where="post", color="#333333", linewidth=1.2)
+    peak = timeline.peak_memory_bytes / 2**20
+    ax.axhline(peak, color="#C44E52", linewidth=0.8, linestyle="--")
+    ax.annotate(f"peak {peak:.0f} MiB", (timeline.peak_memory_s * 1e3, peak), textcoords="offset points",
+                xytext=(4, -12), fontsize=8, color="#C44E52")
+    ax.set_ylabel("MiB per rank")
+    ax.set_xlabel("time (ms)")
 
 
 def write_gantt_comparison(timelines: Sequence[tuple[str, Timeline]], path: str | os.PathLike[str]) -> None:

@@ -141,7 +141,8 @@ def solve_fsdp_per_block(problem: Problem, *, seed: int = 0, time_limit_s: float
     container = tree.largest_repeated_container()
     if container is None:
         return fit_budget(problem, _root_units(problem.graph), "fsdp-per-block", note="no repeated blocks: one unit")
-    blocks = [[c] for c in tree.child_paths(container) if tree.params_under(c)]
+    _, pinned = atoms(problem.graph)  # a block read again later (a tied weight) stays in the root
+    blocks = [[c] for c in tree.child_paths(container) if tree.params_under(c) and c not in pinned]
     return fit_budget(problem, build_units(problem.graph, blocks), "fsdp-per-block", blocks=container or "(root)")
 
 

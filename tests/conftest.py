@@ -51,6 +51,8 @@ SLOW_TESTS = {
                  "test_overlap_compare_measures_speedups_against_ddp_as_torch_runs_it",
                  "test_plan_simulate_inspect_compare"},
     "test_cpsat": {"*"},
+    "test_sharded": {"test_every_unit_of_every_solver_builds_with_fully_shard",
+                     "test_the_sharded_bound_never_exceeds_a_plan"},
     "test_importers": {"test_aten_and_module_routes_agree_with_flop_counter", "test_cli_import_and_profile",
                        "test_frozen_parameters_and_buffers_are_not_parameters", "test_onnx_route_matches_torch_route",
                        "test_tied_weights_have_one_grad_op_after_accumulation"},
