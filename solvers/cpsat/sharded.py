@@ -47,6 +47,9 @@ from ..registry import SOLVERS, solvers_for
 
 __all__ = ["solve_sharded", "ShardedOptions"]
 
+#: CP-SAT solves at most: each plan is re-simulated, and one over budget tightens the next model's cap by the excess
+ROUNDS = 3
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ShardedOptions:
@@ -118,8 +121,9 @@ def _after(j: int) -> tuple[int, int]:
 class _Model:
     """The CP-SAT model of :mod:`this module <.sharded>` over :class:`_Data`."""
 
-    def __init__(self, problem: Problem, data: _Data, options: ShardedOptions, tick_s: float) -> None:
-        self.problem, self.data, self.options, self.tick = problem, data, options, tick_s
+    def __init__(self, problem: Problem, data: _Data, options: ShardedOptions, tick_s: float,
+                 budget: float | None) -> None:
+        self.problem, self.data, self.options, self.tick, self.budget = problem, data, options, tick_s, budget
         self.m = cp_model.CpModel()
         self.cost = lambda nbytes: max(1, round(problem.cluster.shard_collective_s(nbytes) / tick_s))
         self.issue: dict[tuple[int, int], list[tuple[Any, Any, int, int]]] = {}  # point -> (order key, lit, dur, id)
@@ -142,9 +146,12 @@ class _Model:
     def _choices(self) -> None:
         d, m, o = self.data, self.m, self.options
         A = len(d.free)
+        self.in_root: dict[int, Any] = {}
         self.x = {k: m.NewBoolVar(f"x[{c.first},{c.last}]") for k, c in enumerate(d.candidates)}
         for a in range(A):
-            m.AddExactlyOne([self.x[k] for k, c in enumerate(d.candidates) if c.first <= a <= c.last])
+            self.in_root[a] = m.NewBoolVar(f"root[{a}]")  # the atom left to the root unit
+            m.AddExactlyOne([self.x[k] for k, c in enumerate(d.candidates) if c.first <= a <= c.last]
+                            + [self.in_root[a]])
         starts = {a: [self.x[k] for k, c in enumerate(d.candidates) if c.first == a] for a in range(A)}
         ends = {a: [self.x[k] for k, c in enumerate(d.candidates) if c.last == a] for a in range(A)}
         self.fk, self.fr, self.b, self.g = {}, {}, {}, {}
@@ -185,15 +192,28 @@ class _Model:
         self.end_bwd = end_bwd
 
     def _root(self) -> None:
+        """The root unit: its own parameters and the atoms left to it, gathered first, kept, reduce-scattered
+        at the end of the backward; each atom in it is one more part of its collectives (bandwidth only)."""
         d = self.data
-        if not d.root_bytes:
-            return
+        n = self.problem.cluster.world_size
+        beta = lambda nbytes: round((n - 1) / n * nbytes / self.problem.cluster.bandwidth_Bps / self.tick)
         one = self.m.NewConstant(1)
-        cid = self._coll(_before(0), (-1, 0), one, d.root_bytes)
-        self.waits.setdefault(_before(d.root_span.forward_first), []).append((cid, one))
-        self.mem.append((_before(0), self.end_bwd, d.root_bytes, one))
-        self.mem.append((_before(d.root_span.grad_first), self.end_bwd, d.root_bytes, one))
-        self.root_rs = self._coll(_after(d.root_span.backward_last), (2, 1), one, d.root_bytes)
+        parts = [(one, d.root_bytes, self.cost(d.root_bytes), d.root_span.grad_first if d.root_span else None)]
+        singles = {c.first: c for c in d.candidates if c.first == c.last}
+        parts += [(self.in_root[a], singles[a].nbytes, beta(singles[a].nbytes), singles[a].span.grad_first)
+                  for a in sorted(self.in_root)]
+        rs_point = _after(d.root_span.backward_last if d.root_span else d.n_ops - 1)
+        for j, (lit, nbytes, dur, grad_first) in enumerate(parts):
+            if not nbytes:
+                continue
+            cid = self.n_coll
+            self.n_coll += 1
+            self.issue.setdefault(_before(0), []).append(((-1, j), lit, dur, cid))
+            self.waits.setdefault(_before(0), []).append((cid, lit))
+            self.mem.append((_before(0), self.end_bwd, nbytes, lit))
+            self.mem.append((_before(grad_first), self.end_bwd, nbytes, lit))
+            self.issue.setdefault(rs_point, []).append(((2, 1, j), lit, dur, self.n_coll))
+            self.n_coll += 1
 
     def _points(self) -> None:
         d = self.data
@@ -253,7 +273,7 @@ class _Model:
         m.Minimize(self.makespan)
 
     def _memory(self) -> None:
-        budget = self.problem.memory_budget_bytes
+        budget = self.budget
         if budget is None:
             return
         scale = 2**16  # bytes per memory unit (CP-SAT's coefficients stay small)
@@ -277,8 +297,11 @@ class _Model:
             chosen = [(where[(index[u.modules[0]], index[u.modules[-1]])], u) for u in blocks]
         except KeyError:
             return False
-        if sorted(a for u in blocks for a in (index[x] for x in u.modules)) != list(range(len(d.free))):
+        if any(len(u.modules) != d.candidates[k].last - d.candidates[k].first + 1 for k, u in chosen):
             return False
+        covered = {a for u in blocks for a in (index[x] for x in u.modules)}
+        for a, var in self.in_root.items():
+            self.m.AddHint(var, a not in covered)
         picked = {k for k, _ in chosen}
         for k, var in self.x.items():
             self.m.AddHint(var, k in picked)
@@ -350,22 +373,34 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     data = _Data(problem, options.max_atoms)
     if not data.free:
         return finish(best, "FEASIBLE", result="warm start", why="no module outside the root to make units of")
-    model = _Model(problem, data, options, tick_s=best.predicted.iteration_s / options.horizon_ticks)
-    stats["hinted"] = model.hint(list(best.units))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(1.0, options.time_limit_s - (time.perf_counter() - started))
-    solver.parameters.num_workers = options.num_workers
-    solver.parameters.random_seed = options.seed
-    status = solver.Solve(model.m)
-    stats.update(cp_status=solver.StatusName(status), num_candidates=len(data.candidates),
-                 num_points=len(model.points))
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return finish(best, "FEASIBLE", result="warm start", why=f"CP-SAT found no solution ({solver.StatusName(status)})")
-    stats["model_bound_s"] = solver.BestObjectiveBound() * model.tick + problem.graph.totals.optimizer_s
-    plan = _plan_of(problem, data, model.read(solver), "cpsat", stats)
     budget = problem.memory_budget_bytes
-    if budget is not None and peak_memory(problem.graph, plan)[0] > budget:
-        return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates over budget")
+    margin, rounds = 0.0, []
+    for attempt in range(ROUNDS):  # the model's memory is the simulator's at its points; re-solve tighter if not
+        left = options.time_limit_s - (time.perf_counter() - started)
+        if left < 1.0:
+            break
+        model = _Model(problem, data, options, tick_s=best.predicted.iteration_s / options.horizon_ticks,
+                       budget=None if budget is None else budget - margin)
+        stats["hinted"] = model.hint(list(best.units))
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = left / (ROUNDS - attempt)
+        solver.parameters.num_workers = options.num_workers
+        solver.parameters.random_seed = options.seed
+        status = solver.Solve(model.m)
+        rounds.append(solver.StatusName(status))
+        stats.update(cp_status=rounds, num_candidates=len(data.candidates), num_points=len(model.points))
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return finish(best, "FEASIBLE", result="warm start", why=f"CP-SAT found no solution ({rounds[-1]})")
+        stats["model_bound_s"] = solver.BestObjectiveBound() * model.tick + problem.graph.totals.optimizer_s
+        plan = _plan_of(problem, data, model.read(solver), "cpsat", stats)
+        peak = peak_memory(problem.graph, plan)[0]
+        if budget is None or peak <= budget:
+            break
+        margin += peak - budget + 2**16
+    else:
+        return finish(best, "FEASIBLE", result="warm start", why=f"CP-SAT's plans simulated over budget {ROUNDS} times")
+    if budget is not None and peak > budget:
+        return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates over budget (out of time)")
     t = simulate(problem, plan)
     if t.iteration_s >= best.predicted.iteration_s:
         return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates no faster")
