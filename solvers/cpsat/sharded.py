@@ -345,9 +345,8 @@ def _plan_of(problem: Problem, data: _Data, picked: list[list[Any]], name: str, 
     return Plan.for_problem(problem, order=data.order, units=out, solver=SolverInfo(name=name, stats=stats))
 
 
-def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
-    """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring)."""
-    started = time.perf_counter()
+def _best_baseline(problem: Problem) -> Plan:
+    """The fastest baseline plan within the budget; SolverError naming each one's least peak where none fits."""
     baselines, failures = [], []
     for name in solvers_for("sharded"):
         if name == "cpsat":
@@ -358,7 +357,13 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
             failures.append(str(exc))
     if not baselines:
         raise SolverError(f"cpsat: no sharded plan within the memory budget; {'; '.join(failures)}")
-    best = min(baselines, key=lambda p: p.predicted.iteration_s)
+    return min(baselines, key=lambda p: p.predicted.iteration_s)
+
+
+def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
+    """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring)."""
+    started = time.perf_counter()
+    best = _best_baseline(problem)
     bound = sharded_lower_bound(problem)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
 
@@ -374,7 +379,7 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     if not data.free:
         return finish(best, "FEASIBLE", result="warm start", why="no module outside the root to make units of")
     budget = problem.memory_budget_bytes
-    margin, rounds = 0.0, []
+    margin, rounds, plan, peak = 0.0, [], None, 0.0
     for attempt in range(ROUNDS):  # the model's memory is the simulator's at its points; re-solve tighter if not
         left = options.time_limit_s - (time.perf_counter() - started)
         if left < 1.0:
@@ -399,8 +404,8 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
         margin += peak - budget + 2**16
     else:
         return finish(best, "FEASIBLE", result="warm start", why=f"CP-SAT's plans simulated over budget {ROUNDS} times")
-    if budget is not None and peak > budget:
-        return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates over budget (out of time)")
+    if plan is None or budget is not None and peak > budget:
+        return finish(best, "FEASIBLE", result="warm start", why="out of time for CP-SAT (or its plan over budget)")
     t = simulate(problem, plan)
     if t.iteration_s >= best.predicted.iteration_s:
         return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates no faster")
