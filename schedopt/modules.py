@@ -87,17 +87,23 @@ class ModuleTree:
         return [p for p, owner in self.owners.items() if self.is_within(owner, path)]
 
     def largest_repeated_container(self) -> str | None:
-        """The ``ModuleList``/``Sequential``-like module with the most children that hold parameters
-        (torchtitan's blocks); None when no module has two such children. Ties: the first in the tree.
-        The root counts only where no module below it qualifies."""
+        """The container of repeated blocks with the most of them (torchtitan's blocks), or None.
+
+        A ``ModuleList`` or ``Sequential`` with at least two children that hold parameters qualifies;
+        where the importer could not know types (``"?"``), a module whose children that hold
+        parameters all hold the same parameter names. Ties: the first in the tree."""
         best, best_count = None, 1
-        for path in [*(p for p in self.types if p), ""]:
-            if path == "" and best is not None:
-                break
+        for path, kind in self.types.items():
             kids = [c for c in self.child_paths(path) if self.params_under(c)]
-            if self.types[path] in ("ModuleList", "Sequential", "?") and len(kids) > best_count:
+            if len(kids) <= best_count:
+                continue
+            if kind in ("ModuleList", "Sequential") or (kind == "?" and len(set(map(self._signature, kids))) == 1):
                 best, best_count = path, len(kids)
         return best
+
+    def _signature(self, path: str) -> tuple[str, ...]:
+        """The parameter names of ``path``'s subtree relative to it (what repeated blocks share)."""
+        return tuple(sorted(p[len(path) + 1:] for p in self.params_under(path)))
 
     # ------------------------------------------------------------------ JSON
 

@@ -215,3 +215,31 @@ def test_every_unit_of_every_solver_builds_with_fully_shard():
                             timeout=240, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "units built" in result.stdout
+
+
+def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
+    from schedopt.cli import main
+
+    graph = transformer_like(2, hidden=64, num_heads=4, seq_len=16, vocab_size=100)
+    graph.save(tmp_path / "g.json")
+    common = ["--mode", "sharded", "--world-size", "8", "--network", "100gbe", "--time-limit", "2"]
+    assert main(["compare", str(tmp_path / "g.json"), "--solvers", "all", "--format", "json", *common]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["solver"] for r in rows] == solvers_for("sharded")
+    assert all(r["peak_memory_bytes"] > 0 and r["iteration_s"] > 0 and r["num_units"] >= 1 for r in rows)
+    assert main(["compare", str(tmp_path / "g.json"), "--solvers", "fsdp-root,fsdp-size", "--memory-budget", "200KiB",
+                 "--format", "json", *common]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows[0]["status"] == "OVER_BUDGET" and "at the least" in rows[0]["error"]
+    assert main(["sweep", str(tmp_path / "g.json"), "--solvers", "fsdp-per-block", "--bandwidths", "10Gbps,100Gbps",
+                 "--world-sizes", "8", "--mode", "sharded", "--format", "json"]) == 0
+    assert all(r["peak_memory_bytes"] > 0 for r in json.loads(capsys.readouterr().out))
+    assert main(["plan", str(tmp_path / "g.json"), "--solver", "fsdp-per-block", "-o", str(tmp_path / "p.json"),
+                 *common]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(tmp_path / "p.json"), str(tmp_path / "g.json"), "--format", "json",
+                 "--trace", str(tmp_path / "t.json")]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["peak_memory_bytes"] > 0 and summary["num_units"] == 3
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert any(e["ph"] == "C" for e in trace) and any(e.get("cat") == "all-gather" for e in trace)

@@ -20,8 +20,10 @@ Model, in integer ticks, on the stream's *points* (before and after ops where a 
   at most the budget. Objective: the step's end (the last of the backward and the channel) plus the
   optimizer.
 
-The plan read back is re-simulated: the simulator is the judge of time and memory, and the best
-baseline within budget is returned when CP-SAT's plan is not better (``stats["result"]``). The
+The model is hinted with the best plan within the budget among the baselines and the greedy starts
+(:func:`_greedy_starts`). The plan read back is re-simulated: the simulator is the judge of time and
+memory, and the warm start is returned when CP-SAT's plan is not better (``stats["result"]``); a
+plan over budget tightens the next model's cap by its excess (at most :data:`ROUNDS` solves). The
 bound reported is :func:`schedopt.shard_sim.sharded_lower_bound` (valid for every sharded plan);
 the model's own bound holds only inside its windows and is recorded as ``stats["model_bound_s"]``.
 """
@@ -345,6 +347,44 @@ def _plan_of(problem: Problem, data: _Data, picked: list[list[Any]], name: str, 
     return Plan.for_problem(problem, order=data.order, units=out, solver=SolverInfo(name=name, stats=stats))
 
 
+def _greedy_starts(problem: Problem) -> list[Plan]:
+    """Two more warm starts: every atom its own unit, kept unsharded, gathered 1, 2, 4 or all units ahead
+    (where the budget allows it: the barrier-like case); and from the two-ahead one, the largest kept
+    unit resharded, one after another, until the plan fits the budget (then prefetch lowered)."""
+    graph, budget = problem.graph, problem.memory_budget_bytes
+    names, pinned = atoms(graph)
+    groups = [[m] for m in names if m not in pinned]
+    if not groups:
+        return []
+
+    def plan_of(units: list[Unit], name: str) -> tuple[Plan, float]:
+        plan = Plan.for_problem(problem, order=engine_order(graph), units=units, solver=SolverInfo(name=name))
+        return plan, peak_memory(graph, plan)[0]
+
+    out = []
+    for ahead in (1, 2, 4, len(groups)):
+        plan, peak = plan_of(build_units(graph, groups, reshard=[False] * len(groups), prefetch_forward=ahead),
+                             f"keep-all-ahead-{ahead}")
+        if budget is None or peak <= budget:
+            out.append(plan)
+    units = build_units(graph, groups, reshard=[False] * len(groups), prefetch_forward=2)
+    plan, peak = plan_of(units, "greedy-reshard")
+    nbytes = {u.modules: sum(graph.params[p].nbytes for p in u.params) for u in units}
+    for _ in range(2 * len(units) + 2):
+        if budget is None or peak <= budget:
+            out.append(plan)
+            break
+        kept = [k for k, u in enumerate(units[:-1]) if not u.is_root and not u.reshard_after_forward]
+        if kept:
+            k = max(kept, key=lambda k: nbytes[units[k].modules])
+            units[k] = replace(units[k], reshard_after_forward=True)
+        else:
+            units = [replace(u, prefetch_forward=max(0, u.prefetch_forward - 1),
+                             prefetch_backward=max(0, u.prefetch_backward - 1)) for u in units]
+        plan, peak = plan_of(units, "greedy-reshard")
+    return out
+
+
 def _best_baseline(problem: Problem) -> Plan:
     """The fastest baseline plan within the budget; SolverError naming each one's least peak where none fits."""
     baselines, failures = [], []
@@ -364,6 +404,11 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring)."""
     started = time.perf_counter()
     best = _best_baseline(problem)
+    if problem.graph.modules is not None:
+        for start in _greedy_starts(problem):
+            timed = start.with_prediction(simulate(problem, start).prediction())
+            if timed.predicted.iteration_s < best.predicted.iteration_s:
+                best = timed
     bound = sharded_lower_bound(problem)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
 
@@ -388,7 +433,7 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
                        budget=None if budget is None else budget - margin)
         stats["hinted"] = model.hint(list(best.units))
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = left / (ROUNDS - attempt)
+        solver.parameters.max_time_in_seconds = left * (0.7 if attempt == 0 else 1 / (ROUNDS - attempt))
         solver.parameters.num_workers = options.num_workers
         solver.parameters.random_seed = options.seed
         status = solver.Solve(model.m)
