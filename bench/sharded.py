@@ -4,11 +4,12 @@
 
 For GPT-2 small, BERT base and a 1B-parameter ``transformer_like`` (A100 op costs), at 8 and 64
 ranks on 100 GbE and ``ib-hdr``, with the memory budget at 100% and 60% of ``fsdp-per-block``'s
-peak, it prints each solver's step (ms) and peak memory, or why it has no plan within the budget,
+peak, it prints each solver's step (ms) and peak memory, or why it has no plan within the budget (and with no
+budget at all: the barrier-like case, where every unit may stay unsharded),
 cpsat's proven bound and its speedup over ``fsdp-per-block``. Last lines: whether cpsat was never
 slower than the best baseline within the same budget, in how many cases it was at least 1.15x
 ``fsdp-per-block`` at no more memory, and its gap to the bound where the budget lets every unit stay
-unsharded. ``--plot`` draws step time against memory budget per solver.
+unsharded. ``--plot`` draws each solver's step against the memory its plans hold, with the budgets.
 """
 
 from __future__ import annotations
@@ -72,17 +73,24 @@ def plot(rows: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     cases = sorted({(r["model"], r["world_size"], r["network"]) for r in rows})
-    fig, axes = plt.subplots(1, len(cases), figsize=(3.2 * len(cases), 3.4), squeeze=False)
-    for ax, case in zip(axes[0], cases):
-        mine = sorted((r for r in rows if (r["model"], r["world_size"], r["network"]) == case
-                       and r["memory_budget_bytes"] is not None), key=lambda r: r["memory_budget_bytes"])
-        for name in [*BASELINES, "cpsat"]:
-            pts = [(r["memory_budget_bytes"] / 2**20, r[f"{name}_s"] * 1e3) for r in mine if r[f"{name}_s"]]
+    cols = min(4, len(cases))
+    grid = -(-len(cases) // cols)
+    fig, axes = plt.subplots(grid, cols, figsize=(3.6 * cols, 3.0 * grid), squeeze=False)
+    for ax in axes.flat[len(cases):]:
+        ax.axis("off")
+    for ax, case in zip(axes.flat, cases):
+        mine = [r for r in rows if (r["model"], r["world_size"], r["network"]) == case]
+        for name, marker in zip([*BASELINES, "cpsat"], "sD^o"):
+            pts = sorted({(r[f"{name}_peak_bytes"] / 2**20, r[f"{name}_s"] * 1e3) for r in mine if r[f"{name}_s"]})
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
+                ax.plot(*zip(*pts), marker=marker, linestyle="-" if name == "cpsat" else "none", label=name)
+        for r in mine:
+            if r["memory_budget_bytes"] is not None:
+                ax.axvline(r["memory_budget_bytes"] / 2**20, color="#bbbbbb", linewidth=0.7, linestyle=":")
         ax.set_title(f"{case[0]}\n{case[1]} x {case[2]}", fontsize=8)
-        ax.set_xlabel("budget (MiB per rank)", fontsize=8)
-    axes[0][0].set_ylabel("step (ms)")
+        ax.set_xlabel("peak memory per rank (MiB); dotted: budgets", fontsize=7)
+    for row in axes:
+        row[0].set_ylabel("step (ms)")
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)

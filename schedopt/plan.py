@@ -41,7 +41,7 @@ from .graph import TrainGraph
 from .io import read_json, write_json_atomic
 from .orders import engine_order
 from .problem import EXECUTIONS, MODES, Problem
-from .sharding import Unit, check_units
+from .sharding import Unit, check_units, claim
 
 __all__ = [
     "PLAN_SCHEMA",
@@ -461,11 +461,7 @@ def _check_buckets(plan: Plan, graph: TrainGraph) -> None:
             raise InvalidPlanError(f"bucket {k} is empty")
         dtypes = set()
         for name in bucket.params:
-            if name not in graph.params:
-                raise InvalidPlanError(f"bucket {k} names unknown parameter {name!r}")
-            if name in home:
-                raise InvalidPlanError(f"parameter {name!r} is in two buckets ({home[name]} and {k})")
-            home[name] = k
+            claim(home, name, k, group="bucket", known=graph.params)
             dtypes.add(graph.params[name].dtype)
         if len(dtypes) > 1:
             raise InvalidPlanError(f"bucket {k} mixes dtypes {sorted(dtypes)}; a flat buffer holds one dtype")

@@ -33,7 +33,7 @@ from .errors import InvalidPlanError
 from .graph import TrainGraph
 from .modules import ModuleTree
 
-__all__ = ["ROOT", "Unit", "UnitSpan", "Geometry", "assign_params", "check_units", "forward_sorted"]
+__all__ = ["ROOT", "Unit", "UnitSpan", "Geometry", "assign_params", "check_units", "claim", "forward_sorted"]
 
 ROOT = ""
 
@@ -66,6 +66,15 @@ class Unit:
         return {"modules": list(self.modules), "params": list(self.params),
                 "reshard_after_forward": self.reshard_after_forward,
                 "prefetch_forward": self.prefetch_forward, "prefetch_backward": self.prefetch_backward}
+
+
+def claim(home: dict[str, int], name: str, k: int, *, group: str, known: Any = None, kind: str = "parameter") -> None:
+    """Record that ``name`` is in ``group`` k (a bucket, a unit); refuse one unknown or already in another."""
+    if known is not None and name not in known:
+        raise InvalidPlanError(f"{group} {k} names unknown {kind} {name!r}")
+    if name in home:
+        raise InvalidPlanError(f"{kind} {name!r} is in two {group}s ({home[name]} and {k})")
+    home[name] = k
 
 
 def assign_params(tree: ModuleTree, unit_modules: Sequence[Sequence[str]]) -> list[list[str]]:
@@ -179,9 +188,7 @@ def _check_modules(tree: ModuleTree, units: Sequence[Unit]) -> None:
         for path in unit.modules:
             if path not in tree.types:
                 raise InvalidPlanError(f"unit {k} names module {path!r}, which the model does not have")
-            if path in seen:
-                raise InvalidPlanError(f"module {path!r} is in two units ({seen[path]} and {k})")
-            seen[path] = k
+            claim(seen, path, k, group="unit", kind="module")
         if ROOT in unit.modules and len(unit.modules) > 1:
             raise InvalidPlanError(f"unit {k} lists the root module with others; the root unit is [''] alone")
         for a in unit.modules:
@@ -196,11 +203,7 @@ def _check_params(graph: TrainGraph, tree: ModuleTree, units: Sequence[Unit]) ->
     home: dict[str, int] = {}
     for k, (unit, want) in enumerate(zip(units, expected)):
         for name in unit.params:
-            if name not in graph.params:
-                raise InvalidPlanError(f"unit {k} names unknown parameter {name!r}")
-            if name in home:
-                raise InvalidPlanError(f"parameter {name!r} is in two units ({home[name]} and {k})")
-            home[name] = k
+            claim(home, name, k, group="unit", known=graph.params)
         if set(unit.params) != set(want):
             wrong = sorted(set(unit.params) ^ set(want))[:3]
             raise InvalidPlanError(f"unit {k} ({', '.join(map(repr, unit.modules))}) lists parameters that "

@@ -67,6 +67,13 @@ class ShardedOptions:
     #: ticks of the model's horizon (the warm start's step)
     horizon_ticks: int = 4000
 
+    def __post_init__(self) -> None:
+        least = {"num_workers": 1, "max_atoms": 1, "window": 0, "grad_window": 0, "horizon_ticks": 100}
+        for name, low in least.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise SolverError(f"cpsat's sharded {name} must be a whole number of at least {low}, got {value!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class _Candidate:
