@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from schedopt import Cluster, Problem
-from schedopt.solvers import SOLVERS, get
+from schedopt.solvers import get, solvers_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heuristics import cached_graph  # noqa: E402
@@ -33,7 +33,7 @@ EXECUTIONS = ("eager", "compiled")
 def best_plan(problem: Problem, *, time_limit_s: float, workers: int, seed: int) -> tuple[str, float, float]:
     """``(solver, iteration_s, ddp_s)``: the fastest predicted plan of every solver for ``problem``."""
     times = {}
-    for name in SOLVERS:
+    for name in solvers_for(problem.mode):
         options = {"time_limit_s": time_limit_s, "num_workers": workers} if name == "cpsat" else {}
         times[name] = get(name)(problem, seed=seed, **options).predicted.iteration_s
     solver = min(times, key=times.__getitem__)

@@ -17,7 +17,7 @@ from pathlib import Path
 from schedopt import Cluster, Problem, TrainGraph
 from schedopt.load import ImportOptions, load_model
 from schedopt.report import compare, format_table
-from schedopt.solvers import SOLVERS
+from schedopt.solvers import solvers_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from provenance import begin, write_result  # noqa: E402
@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="every solver's seed (default 0)")
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
     args = parser.parse_args()
-    solvers = [s for s in SOLVERS if s != "cpsat"] if args.time_limit is None else list(SOLVERS)
+    solvers = [s for s in solvers_for(args.mode) if s != "cpsat"] if args.time_limit is None else solvers_for(args.mode)
     begin()
     slower, all_rows = [], []
     for name in args.models.split(","):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from schedopt import Cluster, Problem
-from schedopt.solvers import SOLVERS, get
+from schedopt.solvers import get, solvers_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from heuristics import cached_graph  # noqa: E402
@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="every solver's seed (default 0)")
     parser.add_argument("--json", help="also write the rows here, with the commit and the machine")
     args = parser.parse_args()
-    heuristics = [s for s in SOLVERS if s != "cpsat"]
+    heuristics = [s for s in solvers_for("barrier") if s != "cpsat"]
     begin()
     rows = []
     print(f"{'model':<11} {'ranks':>5} {'net':<6} {'mode':<7} " + " ".join(f"{h[:9]:>9}" for h in heuristics)

@@ -33,7 +33,8 @@ one object per solver. The keys of a row are stable; scripts parse them:
                           memory budget (its row's times are null)
 ========================  =====================================================
 
-Schema ``schedopt.compare/2`` added the last two keys to ``/1``'s, and
+Schema ``schedopt.compare/3`` added ``peak_memory_bytes``, ``num_units`` and, in sharded
+rows without a plan, ``error`` to ``/2``'s. Schema ``/2`` added the last two keys to ``/1``'s, and
 measures the speedup in ``overlap`` mode against DDP as it runs (``/1``:
 against DDP's buckets in overlap mode).
 """
@@ -50,7 +51,7 @@ from .problem import DEFAULT_MAX_STALE_FRACTION, Problem
 __all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
            "format_table", "format_csv", "perfect_overlap_s"]
 
-COMPARE_SCHEMA = "schedopt.compare/2"
+COMPARE_SCHEMA = "schedopt.compare/3"
 
 COLUMNS: tuple[str, ...] = (
     "solver",

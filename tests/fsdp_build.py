@@ -54,7 +54,7 @@ def main() -> int:
         graph = load_model(spec, ImportOptions(device="a100", level="module"))
         problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")
         for solver in solvers_for("sharded"):
-            plan = get(solver)(problem, **({"time_limit_s": 3} if solver == "cpsat" else {}))
+            plan = get(solver)(problem, **({"time_limit_s": 1} if solver == "cpsat" else {}))
             build(spec, plan.units)
             count += len(plan.units)
     dist.destroy_process_group()

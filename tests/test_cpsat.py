@@ -15,7 +15,7 @@ from schedopt import Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
 from schedopt.backward import ForwardOp, ParamSpec, training_graph
 from schedopt.cost import DeviceSpec
 from schedopt.plan import SolverInfo
-from schedopt.solvers import SOLVERS, get
+from schedopt.solvers import SOLVERS, get, solvers_for
 from schedopt.solvers.cpsat import coarsen
 from schedopt.synthetic import branches, chain, diamond, transformer_like
 
@@ -211,7 +211,7 @@ def test_work_profile_and_hull_hold_for_every_closed_set(data, n):
         assert cb <= np.interp(cw, hull[:, 0], hull[:, 1]) + 1e-9
 
 
-HEURISTICS = [name for name in SOLVERS if name != "cpsat"]
+HEURISTICS = [name for name in solvers_for("barrier") if name != "cpsat"]
 
 
 @pytest.mark.parametrize("graph", [chain(5), diamond(), branches(3), transformer_like(2)], ids=lambda g: g.name)
@@ -526,11 +526,11 @@ def test_compiled_warm_starts_hold_every_heuristics_eager_plan():
     compiled = replace(eager, execution="compiled")
     starts = warm_starts(compiled, CpsatOptions(time_limit_s=5), Deadline(5))
     assert all(plan.execution == "compiled" for _, plan in starts)
-    for name in SOLVERS:
+    for name in solvers_for("barrier"):
         if name != "cpsat":
             plan = SOLVERS[name](eager, time_limit_s=1)
             split = tuple(split_chunks(eager.graph, plan.buckets))  # kept instead when no slower
             same = [t for t, start in starts if start.order == plan.order and start.buckets in (plan.buckets, split)]
             assert same and min(same) <= simulate(compiled, plan).iteration_s * (1 + 1e-12), name
-    best_eager = min(SOLVERS[name](eager, time_limit_s=1).predicted.iteration_s for name in SOLVERS)
+    best_eager = min(SOLVERS[name](eager, time_limit_s=1).predicted.iteration_s for name in solvers_for("barrier"))
     assert get("cpsat")(compiled, time_limit_s=5).predicted.iteration_s <= best_eager * (1 + 1e-9)

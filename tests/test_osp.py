@@ -10,7 +10,7 @@ import pytest
 from schedopt import Cluster, InvalidPlanError, Plan, Problem, simulate
 from schedopt.cli import main
 from schedopt.report import perfect_overlap_s
-from schedopt.solvers import SOLVERS, get
+from schedopt.solvers import get, solvers_for
 from schedopt.solvers.stages import stale_fraction
 from schedopt.synthetic import chain, transformer_like
 
@@ -107,7 +107,7 @@ def test_plan_format_carries_stages_and_refuses_stage_2_outside_osp(tmp_path):
 
 def test_every_solver_plans_osp(tmp_path):
     problem = tied(8, layers=2)
-    for name in SOLVERS:
+    for name in solvers_for("osp"):
         options = {"time_limit_s": 3, "num_workers": 1} if name == "cpsat" else {}
         plan = get(name)(problem, **options)
         assert plan.mode == "osp" and plan.solver.bound_s is None and "osp" in plan.solver.stats

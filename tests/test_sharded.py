@@ -119,12 +119,12 @@ def test_every_sharded_solver_keeps_to_the_budget_or_says_the_least_it_reaches()
     tight = replace(free, memory_budget_bytes=int(peak))
     for name in solvers_for("sharded"):
         try:
-            plan = get(name)(tight, **({"time_limit_s": 3} if name == "cpsat" else {}))
+            plan = get(name)(tight, **({"time_limit_s": 1} if name == "cpsat" else {}))
         except SolverError as exc:  # one line naming the least peak its layout reaches
             assert f"{name}: its units peak at" in str(exc) and "at the least" in str(exc)
             continue
         assert plan.predicted.peak_memory_bytes <= peak and plan.memory_budget_bytes == int(peak)
-    cp = get("cpsat")(tight, time_limit_s=3)
+    cp = get("cpsat")(tight, time_limit_s=1)
     assert cp.predicted.iteration_s <= get("fsdp-per-block")(tight).predicted.iteration_s * (1 + 1e-9)
     with pytest.raises(SolverError, match=r"fsdp-per-block: its units peak at .* at the least"):
         get("fsdp-per-block")(replace(free, memory_budget_bytes=1000))
@@ -222,7 +222,7 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
 
     graph = transformer_like(2, hidden=64, num_heads=4, seq_len=16, vocab_size=100)
     graph.save(tmp_path / "g.json")
-    common = ["--mode", "sharded", "--world-size", "8", "--network", "100gbe", "--time-limit", "2"]
+    common = ["--mode", "sharded", "--world-size", "8", "--network", "100gbe", "--time-limit", "1"]
     assert main(["compare", str(tmp_path / "g.json"), "--solvers", "all", "--format", "json", *common]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["solver"] for r in rows] == solvers_for("sharded")
