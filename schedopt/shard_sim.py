@@ -53,6 +53,8 @@ class ShardedStep:
     memory_deltas: list[tuple[float, float, str]] = field(default_factory=list)
     sharded_bytes: float = 0.0
     backward_end_s: float = 0.0
+    #: when the optimizer starts: the backward and every reduce-scatter done
+    optimizer_start_s: float = 0.0
     end_s: float = 0.0
 
     def memory_curve(self) -> list[tuple[float, float]]:
@@ -76,10 +78,13 @@ class ShardedStep:
         return best
 
 
-def _hooks(geometry: Geometry) -> tuple[dict, dict, dict]:
-    """Per op position: the all-gathers issued before it, those it waits for, the units it ends the backward of."""
+def _hooks(geometry: Geometry) -> tuple[dict, dict, dict, dict, dict]:
+    """Per op position: the all-gathers issued before it, those it waits for, the units whose gradients
+    it starts, those it ends the forward of (resharded) and those it ends the backward of."""
     issue: dict[int, list[tuple[int, int, str]]] = {}
     wait: dict[int, list[tuple[str, int]]] = {}
+    grad_first: dict[int, list[int]] = {}
+    reshard: dict[int, list[int]] = {}
     post: dict[int, list[int]] = {}
     for i, (unit, span) in enumerate(zip(geometry.units, geometry.spans)):
         issue.setdefault(geometry.forward_issue(i), []).append((0, i, AG))
@@ -87,25 +92,24 @@ def _hooks(geometry: Geometry) -> tuple[dict, dict, dict]:
         if unit.reshard_after_forward:
             issue.setdefault(geometry.backward_issue(i), []).append((1, -i, AG_B))
             wait.setdefault(span.backward_first, []).append((AG_B, i))
+            reshard.setdefault(span.forward_last, []).append(i)
+        grad_first.setdefault(span.grad_first, []).append(i)
         post.setdefault(span.backward_last, []).append(i)
     for entries in issue.values():
         entries.sort()
     for units in post.values():
         units.sort(reverse=True)
-    return issue, wait, post
+    return issue, wait, grad_first, reshard, post
 
 
 def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> ShardedStep:
     """Simulate one step of a sharded plan (see the module docstring)."""
     geometry = Geometry(graph, plan.order, plan.units)
-    issue, wait, post = _hooks(geometry)
+    issue, wait, grad_first, reshard, post = _hooks(geometry)
     n = cluster.world_size
     step = ShardedStep(sharded_bytes=sum(geometry.nbytes) / n)
     machine = Machine(cluster.effective_interference)
     ends: dict[tuple[str, int], float] = {}
-    grad_first = {span.grad_first: [] for span in geometry.spans}
-    for i, span in enumerate(geometry.spans):
-        grad_first[span.grad_first].append(i)
 
     def send(kind: str, i: int, at: float) -> float:
         issued, start, end = machine.send(at, cluster.shard_collective_s(geometry.nbytes[i]))
@@ -127,15 +131,14 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
         start, end = machine.run(graph.ops[op_id].duration_s)
         step.op_start.append(start)
         step.op_end.append(end)
-        for i, (unit, span) in enumerate(zip(geometry.units, geometry.spans)):
-            if span.forward_last == j and unit.reshard_after_forward:
-                step.memory_deltas.append((end, -geometry.nbytes[i], f"unit {i} parameters"))
+        for i in reshard.get(j, ()):
+            step.memory_deltas.append((end, -geometry.nbytes[i], f"unit {i} parameters"))
         for i in post.get(j, ()):
             step.memory_deltas.append((end, -geometry.nbytes[i], f"unit {i} parameters"))
             done = send(RS, i, end)
             step.memory_deltas.append((done, -geometry.nbytes[i], f"unit {i} gradients"))
     step.backward_end_s = machine.t
-    t = max([machine.t] + [c[4] for c in step.collectives])
+    t = step.optimizer_start_s = max([machine.t] + [c[4] for c in step.collectives])
     for op_id in plan.order:
         if graph.ops[op_id].phase == "optimizer":
             t += graph.ops[op_id].duration_s

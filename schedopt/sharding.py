@@ -117,23 +117,31 @@ class Geometry:
         self.graph, self.units = graph, tuple(units)
         self.compute_ops = [o for o in order if graph.ops[o].phase != "optimizer"]
         self.nbytes = [sum(graph.params[p].nbytes for p in u.params) for u in self.units]
-        position = {o: j for j, o in enumerate(self.compute_ops)}
         phases = [graph.ops[o].phase for o in self.compute_ops]
         self.backward_start = phases.index("backward") if "backward" in phases else len(phases)
-        self.spans = [self._span(u, position) for u in self.units]
+        self._touches = self._param_touches()
+        self.spans = [self._span(u) for u in self.units]
 
-    def _span(self, unit: Unit, position: dict[str, int]) -> UnitSpan:
-        names = set(unit.params)
-        fwd, bwd, grads = [], [], []
+    def _param_touches(self) -> dict[str, dict[str, list[int]]]:
+        """Per parameter, in one pass over the step: the forward and backward ops that read it or finish
+        its gradient, and the ops that finish it (positions in :attr:`compute_ops`)."""
+        touches: dict[str, dict[str, list[int]]] = {}
         for j, op_id in enumerate(self.compute_ops):
             op = self.graph.ops[op_id]
-            if names.intersection(op.reads) or names.intersection(op.grads):
-                (fwd if op.phase == "forward" else bwd).append(j)
-            if names.intersection(op.grads):
-                grads.append(j)
-        end_fwd = self.backward_start - 1
+            for name in {*op.reads, *op.grads}:
+                entry = touches.setdefault(name, {"forward": [], "backward": [], "grads": []})
+                entry[op.phase].append(j)
+            for name in op.grads:
+                touches[name]["grads"].append(j)
+        return touches
+
+    def _span(self, unit: Unit) -> UnitSpan:
+        empty: dict[str, list[int]] = {"forward": [], "backward": [], "grads": []}
+        fwd = [j for p in unit.params for j in self._touches.get(p, empty)["forward"]]
+        bwd = [j for p in unit.params for j in self._touches.get(p, empty)["backward"]]
+        grads = [j for p in unit.params for j in self._touches.get(p, empty)["grads"]]
         if unit.is_root or not fwd:
-            fwd = [0, end_fwd] if unit.is_root else [0]
+            fwd = [0, self.backward_start - 1] if unit.is_root else [0]
         first_bwd = self.backward_start if unit.is_root else min(bwd)
         return UnitSpan(forward_first=min(fwd), forward_last=max(fwd), backward_first=first_bwd,
                         grad_first=min(grads), backward_last=max(bwd))

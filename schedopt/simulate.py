@@ -223,7 +223,7 @@ def _simulate_sharded(problem: Problem, plan: Plan) -> Timeline:
                for _, i, kind, a, b in step.waits]
     events += [Event(track="comm", name=f"{kind} unit{i}", start_s=a, end_s=b, category=kind.split(" ")[0])
                for kind, i, _, a, b in step.collectives]
-    t = max([step.backward_end_s] + [c[4] for c in step.collectives])
+    t = step.optimizer_start_s
     for op_id in plan.order:
         op = graph.ops[op_id]
         if op.phase == "optimizer":
@@ -232,8 +232,7 @@ def _simulate_sharded(problem: Problem, plan: Plan) -> Timeline:
     unit_of = {name: i for i, u in enumerate(plan.units) for name in u.params}
     scattered = {i: end for kind, i, _, _, end in step.collectives if kind == "reduce-scatter"}
     end_of = dict(zip(compute_ops, step.op_end))
-    optimizer_start = max([step.backward_end_s] + list(scattered.values()))
-    windows = {name: Window(ready_s=end_of[p.grad_op], deadline_s=optimizer_start, synced_s=scattered[unit_of[name]])
+    windows = {name: Window(ready_s=end_of[p.grad_op], deadline_s=step.optimizer_start_s, synced_s=scattered[unit_of[name]])
                for name, p in graph.params.items()}
     peak, when, what = step.peak()
     compute = _compute_total(graph)
