@@ -25,6 +25,7 @@ allocations. The timeline reports the peak, when it occurs and what is alive the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from .cluster import Cluster
 from .graph import TrainGraph
@@ -154,26 +155,58 @@ def peak_memory(graph: TrainGraph, plan: Plan) -> tuple[float, float, str]:
 def sharded_lower_bound(problem: Problem) -> float:
     """A lower bound on the step of every sharded plan of ``problem`` (eager: the engine's order).
 
-    ``T_opt + max(compute, a + AG_min + b + max(c, RS_min), AG(all) + RS(all))``: ``a`` is the
-    compute before the first op that reads a parameter (it may run before any all-gather ends),
-    ``b`` from that op to the last gradient op, ``c`` what follows it; ``AG_min`` the all-gather of
-    the smallest parameter that first op reads (its unit holds at least that), ``RS_min`` the
-    reduce-scatter of the smallest gradient the last gradient op finishes; every byte is gathered
-    and reduce-scattered at least once, and an affine cost with a non-negative intercept makes
-    every split dearer.
+    ``T_opt + max(compute, F + B, AG(all) + D + RS(all))``, three facts of every plan:
+
+    - ``F`` bounds the end of forward: op j cannot start before every parameter first read at or
+      before it is gathered (the units holding them hold at least those bytes, gathered one after
+      another on the channel), so ``F = max_j AG(bytes first read by j) + compute(j .. end of
+      forward)``, and at least the forward's compute;
+    - ``B`` bounds what follows it: a unit's reduce-scatter waits for its last gradient op, so for
+      every backward op k the gradients whose last op is k or later are reduce-scattered after it:
+      ``B = max_k compute(start of backward .. k) + RS(those bytes)``, and at least the backward's
+      compute;
+    - the channel moves every byte gathered and reduce-scattered (one collective each is the least:
+      an affine cost with a non-negative intercept makes every split dearer), every forward
+      all-gather ends before the last op that first reads a parameter starts, and no
+      reduce-scatter starts before the first op that finishes a parameter's last gradient ends:
+      in between (``D``, that span's compute) only backward all-gathers, which only add, can use it.
     """
     graph, cluster = problem.graph, problem.cluster
     order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
     durations = [graph.ops[o].duration_s for o in order]
-    t_opt = graph.totals.optimizer_s
-    compute = sum(durations)
+    t_opt, compute = graph.totals.optimizer_s, sum(durations)
     if not graph.params or cluster.world_size == 1:
         return compute + t_opt
-    first = next(j for j, o in enumerate(order) if graph.ops[o].reads or graph.ops[o].grads)
-    last = max(j for j, o in enumerate(order) if graph.ops[o].grads)
-    names_first = graph.ops[order[first]].reads or graph.ops[order[first]].grads
-    ag_min = min(cluster.shard_collective_s(graph.params[p].nbytes) for p in names_first)
-    rs_min = min(cluster.shard_collective_s(graph.params[p].nbytes) for p in graph.ops[order[last]].grads)
-    a, b, c = sum(durations[:first]), sum(durations[first:last + 1]), sum(durations[last + 1:])
-    channel = 2 * cluster.shard_collective_s(graph.total_param_bytes)
-    return t_opt + max(compute, a + ag_min + b + max(c, rs_min), channel)
+    phases = [graph.ops[o].phase for o in order]
+    backward = phases.index("backward") if "backward" in phases else len(order)
+    first_read: dict[str, int] = {}
+    last_grad: dict[str, int] = {}
+    for j, op_id in enumerate(order):
+        op = graph.ops[op_id]
+        for name in op.reads if j < backward else ():
+            first_read.setdefault(name, j)
+        for name in op.grads:
+            last_grad[name] = j
+    cost, nbytes = cluster.shard_collective_s, {p: graph.params[p].nbytes for p in graph.params}
+    after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
+    forward = max([after[0] - after[backward]] + [cost(b) + after[j] - after[backward]
+                                                  for j, b in _running_bytes(first_read, nbytes)])
+    backward_s = max([after[backward]] + [after[backward] - after[k + 1] + cost(b)
+                                          for k, b in _running_bytes(last_grad, nbytes, reverse=True)])
+    gap = 0.0
+    if first_read and last_grad:
+        q, g1 = max(first_read.values()), min(last_grad.values())
+        gap = max(0.0, after[q] - after[g1 + 1])
+    channel = cost(graph.total_param_bytes) * 2 + gap
+    return t_opt + max(compute, forward + backward_s, channel)
+
+
+def _running_bytes(position: dict[str, int], nbytes: dict[str, float], *, reverse: bool = False):
+    """(position, bytes of the parameters at that position or before it; after it with ``reverse``)."""
+    at: dict[int, float] = {}
+    for name, j in position.items():
+        at[j] = at.get(j, 0.0) + nbytes[name]
+    total = 0.0
+    for j in sorted(at, reverse=reverse):
+        total += at[j]
+        yield j, total

@@ -3,7 +3,8 @@
 Run by tests/test_sharded.py in its own process (it starts a one-rank gloo group). For each example
 model: import its graph, plan it with every sharded solver, build the model on the meta device,
 ``fully_shard`` each unit (the deepest modules first, the root last), and check that FSDP2's
-parameter group of each unit holds exactly the parameters the plan lists.
+parameter group of each unit holds exactly the parameters the plan lists, and that no plan beats the
+sharded lower bound.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from schedopt import Cluster, Problem  # noqa: E402
 from schedopt.load import ImportOptions, load_model  # noqa: E402
+from schedopt.shard_sim import sharded_lower_bound  # noqa: E402
 from schedopt.solvers import get, solvers_for  # noqa: E402
 from importers.factory import load_factory  # noqa: E402
 
@@ -55,6 +57,8 @@ def main() -> int:
         problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")
         for solver in solvers_for("sharded"):
             plan = get(solver)(problem, **({"time_limit_s": 1} if solver == "cpsat" else {}))
+            bound = sharded_lower_bound(problem)  # real graphs: tied weights, several reads per parameter
+            assert bound <= plan.predicted.iteration_s * (1 + 1e-9), (name, solver, bound, plan.predicted.iteration_s)
             build(spec, plan.units)
             count += len(plan.units)
     dist.destroy_process_group()

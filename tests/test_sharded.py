@@ -73,6 +73,24 @@ def test_three_unit_chain_by_hand():
     assert t.windows["l0.w"].synced_s == pytest.approx(17 * MS)
 
 
+
+def test_the_bound_of_the_three_unit_chain_by_hand_is_reached():
+    """The bound is max(compute 9, F + B, channel) = 11 ms, and a plan reaches it.
+
+    F (the forward's end): f0 cannot start before 4000 B are gathered (1 ms), f1 before 8000 (2),
+    f2 before 12000 (3 ms), each then followed by 3, 2, 1 ms of forward: F = 4 ms. B (after it):
+    b2 ends 2 ms in, then 12000 B to reduce-scatter (3 ms); b1 4 ms in, then 8000 B (2); b0 6 ms
+    in, then 4000 B (1 ms): B = 7 ms. Channel: 3 + 3 ms, plus f2 and b2 (3 ms) when nothing can
+    be sent: 9 ms. Every unit kept and gathered at the start: AG0-2 0-3, f0 1-2, f1 2-3, f2 3-4,
+    b2 4-6, b1 6-8, b0 8-10, RS2 6-7, RS1 8-9, RS0 10-11.
+    """
+    problem = Problem(graph=three_layers(), cluster=TWO, mode="sharded")
+    units = [Unit(modules=(f"l{i}",), params=(f"l{i}.w",), reshard_after_forward=False, prefetch_forward=i,
+                  prefetch_backward=0) for i in range(3)]
+    t = simulate(problem, sharded_plan(problem, units))
+    assert t.lower_bound_s == pytest.approx(11 * MS)
+    assert t.iteration_s == pytest.approx(11 * MS)
+
 def test_one_unit_without_reshard_moves_one_all_reduce_volume():
     graph = chain(4)
     cluster = Cluster(world_size=8, bandwidth_Bps=12.5e9, latency_s=0.0)
