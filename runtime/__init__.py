@@ -5,6 +5,7 @@ Example:
     >>> model = wrap(model)  # the plan in $SCHEDOPT_PLAN  # doctest: +SKIP
     >>> optimizer = wrap_optimizer(optimizer, model)  # steps per bucket in overlap mode  # doctest: +SKIP
     >>> model = compile(model, "plan.json")  # torch.compile, graphs in the plan's order  # doctest: +SKIP
+    >>> model = shard(model, "sharded.json")  # FSDP2 units, reshards and prefetches  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from .agreement import check_agreement, plan_hash
 from .compiled import CompiledDataParallel, compile
 from .optimizer import wrap_optimizer
 from .replica import PLAN_ENV
+from .sharded import records, shard
 from .wrapper import ScheduledDataParallel, wrap
 
-__all__ = ["PLAN_ENV", "CompiledDataParallel", "ScheduledDataParallel", "compile", "check_agreement", "plan_hash", "wrap", "wrap_optimizer"]
+__all__ = ["PLAN_ENV", "CompiledDataParallel", "ScheduledDataParallel", "compile", "check_agreement", "plan_hash", "records", "shard",
+           "wrap", "wrap_optimizer"]

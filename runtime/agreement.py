@@ -98,7 +98,7 @@ def check_agreement(plan: Plan, module: Any, process_group: Any = None) -> None:
         if plan.model.params is not None:
             what = describe_param_differences(plan.model.params, params)
         else:  # a plan without its parameter list: compare with the names its buckets hold
-            planned = [name for bucket in plan.buckets for name in bucket.params]
+            planned = [name for group in (*plan.buckets, *plan.units) for name in group.params]
             what = describe_param_differences([(n, (), "") for n in planned], [(n, (), "") for n, _, _ in params])
             if what == "none":
                 what = "a parameter's shape or dtype"

@@ -178,7 +178,9 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
                         name=f"calibrated-{dist.get_backend(process_group)}")
     quality = fit_quality(cluster, sizes, times)
     interference = measure_interference(cluster, process_group=process_group)
-    cluster = replace(cluster, interference=round(statistics.median(interference), 3))
+    backend = str(dist.get_backend(process_group))
+    cluster = replace(cluster, interference=round(statistics.median(interference), 3),
+                      backend="gloo" if backend == "gloo" else "nccl")
     return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
                        backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference))
 

@@ -109,6 +109,9 @@ class ScheduledDataParallel(nn.Module):
                 f"this plan has {plan.execution} execution (its op order is free), which eager PyTorch cannot "
                 "run; plan with --execution eager, or apply it with schedopt.runtime.compile"
             )
+        if plan.mode == "sharded":
+            raise InvalidPlanError("wrap applies bucketed all-reduce plans; this is a sharded plan (FSDP2 units): "
+                                   "apply it with schedopt.runtime.shard")
         if plan.mode not in MODES:
             raise InvalidPlanError(f"wrap applies {' and '.join(MODES)} plans; this plan is in {plan.mode} mode")
         replica = Replica.join(module, plan, process_group, who="wrap")

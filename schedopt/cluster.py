@@ -31,6 +31,8 @@ __all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "f
 CLUSTER_SCHEMA = "schedopt.cluster/1"
 
 Algorithm = Literal["ring", "tree"]
+Backend = Literal["nccl", "gloo"]
+BACKENDS = ("nccl", "gloo")
 
 #: Per-rank bus bandwidth, per-step latency and per-call overhead of common networks.
 #: Latencies are typical one-way figures for the fabric with NCCL/gloo on top.
@@ -66,6 +68,12 @@ class Cluster:
             op takes 1.3x as long while the channel is busy); 0 for separate
             hardware (NCCL on GPU). ``schedopt calibrate`` measures it. The
             simulator models it in ``barrier`` mode; the solvers plan without it.
+        backend: how collectives relate to the host. ``nccl`` (default): on
+            their own CUDA streams, the host and compute go on. ``gloo``: the
+            host runs them; FSDP2's reduce-scatter blocks the backward, and its
+            all-gathers block the host unless issued asynchronously (a sharded
+            plan's ``async_unshard``). Only ``sharded`` mode's simulator reads
+            it; ``schedopt calibrate`` records the group's backend.
 
     Example:
         >>> Cluster.preset("10gbe", world_size=8).allreduce_s(25 * 2**20) > 0.03
@@ -79,6 +87,7 @@ class Cluster:
     call_s: float = 0.0
     name: str = "custom"
     interference: float = 0.0
+    backend: Backend = "nccl"
 
     def __post_init__(self) -> None:
         if (isinstance(self.world_size, bool) or not isinstance(self.world_size, int)
@@ -97,6 +106,8 @@ class Cluster:
         if not (isinstance(self.interference, (int, float)) and 0 <= self.interference <= 10
                 and math.isfinite(self.interference)):
             raise UnitError(f"interference must be a number from 0 to 10, got {self.interference!r}")
+        if self.backend not in BACKENDS:
+            raise SchedoptError(f"unknown collective backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.algorithm not in ("ring", "tree"):
             raise SchedoptError(f"unknown all-reduce algorithm {self.algorithm!r}; valid: ring, tree")
 
@@ -177,7 +188,7 @@ class Cluster:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Cluster:
         """Rebuild a cluster from :meth:`to_json` output."""
-        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference"}
+        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference", "backend"}
         if not isinstance(data, dict) or "world_size" not in data or "bandwidth_Bps" not in data:
             raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -212,6 +223,7 @@ class Cluster:
             f"{self.world_size} ranks, {format_bandwidth(self.bandwidth_Bps)} ({self.name}), "
             f"alpha {format_duration(self.latency_s)}, {self.algorithm}"
             + (f", compute {self.interference:.0%} slower during collectives" if self.interference else "")
+            + (f", {self.backend} (collectives on the host)" if self.backend == "gloo" else "")
         )
 
 

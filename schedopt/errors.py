@@ -8,6 +8,7 @@ __all__ = [
     "InvalidGraphError",
     "GraphImportError",
     "InvalidPlanError",
+    "MemoryBudgetError",
     "PlanMismatchError",
     "SolverError",
     "UnusedParameterError",
@@ -40,6 +41,10 @@ class InvalidPlanError(SchedoptError, ValueError):
 
 class PlanMismatchError(InvalidPlanError):
     """A plan was made for another model (fingerprints differ)."""
+
+
+class MemoryBudgetError(InvalidPlanError):
+    """A sharded plan would hold more memory per rank than its budget on the live run."""
 
 
 class SolverError(SchedoptError):

@@ -22,8 +22,9 @@ training graph file (:mod:`schedopt.runtime.compiled`). Older readers ignore it.
 
 ``schedopt.plan/4`` adds ``sharded`` plans: instead of buckets, ``units`` in forward order
 (:class:`schedopt.sharding.Unit`: module paths, parameters, ``reshard_after_forward`` and prefetch
-distances) and ``memory_budget_bytes``, the per-rank peak the plan was made under. Plans of schemas
-1-3 load unchanged (no units).
+distances), ``memory_budget_bytes``, the per-rank peak the plan was made under, and
+``async_unshard`` (on gloo, whether FSDP2 issues the all-gathers asynchronously; absent: true). Plans
+of schemas 1-3 load unchanged (no units).
 
 Loading a plan never executes code: it is JSON only.
 """
@@ -175,6 +176,9 @@ class Plan:
     #: sharded plans: the units in forward order, and the per-rank memory budget they were made under
     units: tuple[Unit, ...] = ()
     memory_budget_bytes: int | None = None
+    #: sharded plans on gloo: the all-gathers are issued asynchronously (FSDP2's ``_set_unshard_async_op``),
+    #: so a prefetched one overlaps compute; False is FSDP2's default, under which each blocks the host
+    async_unshard: bool = True
     schema: str = PLAN_SCHEMA  # the schema it was read from; always written as PLAN_SCHEMA
 
     def __post_init__(self) -> None:
@@ -191,10 +195,12 @@ class Plan:
         buckets: Iterable[Bucket | Sequence[str]] = (),
         solver: SolverInfo,
         units: Iterable[Unit] = (),
+        async_unshard: bool = True,
     ) -> Plan:
         """Return a plan for ``problem``; plain name lists become one-chunk buckets."""
         return cls(
             units=tuple(units),
+            async_unshard=async_unshard,
             memory_budget_bytes=problem.memory_budget_bytes,
             model=ModelRef.of(problem.graph),
             cluster=problem.cluster,
@@ -242,6 +248,7 @@ class Plan:
         if self.mode == "sharded":
             data["units"] = [u.to_json() for u in self.units]
             data["memory_budget_bytes"] = self.memory_budget_bytes
+            data["async_unshard"] = self.async_unshard
         if self.predicted is not None:
             p = self.predicted
             data["predicted"] = {
@@ -305,6 +312,7 @@ class Plan:
             ops=ops,
             units=_units_of(root),
             memory_budget_bytes=_budget_of(root),
+            async_unshard=_flag_of(root, "async_unshard", True),
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -344,6 +352,13 @@ def _units_of(root: Fields) -> tuple[Unit, ...]:
                                                           ("prefetch_backward", 1))}
         units.append(Unit(modules=u.strings("modules"), params=u.strings("params"), **flags))
     return tuple(units)
+
+
+def _flag_of(root: Fields, key: str, default: bool) -> bool:
+    value = root.get(key, default)
+    if not isinstance(value, bool):
+        raise root.fail(key, "true or false", value)
+    return value
 
 
 def _budget_of(root: Fields) -> int | None:

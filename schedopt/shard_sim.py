@@ -10,6 +10,11 @@ starts the next step sharded), so one step is the steady state. Per op of the st
 2. the stream waits for the all-gathers this op needs (its unit's forward or backward one);
 3. the op runs; after it, the reduce-scatters of units whose post-backward it is are sent.
 
+On ``gloo`` (:attr:`schedopt.cluster.Cluster.backend`) the host runs the collectives: the stream
+waits for each reduce-scatter it sends (FSDP2 calls it synchronously in the post-backward hook), and
+for each all-gather it sends unless the plan issues them asynchronously (``async_unshard``). On
+``nccl`` both run on their own streams and the stream waits only where an op needs its unit.
+
 The optimizer runs once the backward and every reduce-scatter are done. Costs: one all-gather or
 reduce-scatter of B unsharded bytes takes :meth:`schedopt.cluster.Cluster.shard_collective_s`.
 
@@ -118,11 +123,19 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
         ends[(kind, i)] = end
         return end
 
+    # gloo: the host runs the collectives; FSDP2's reduce-scatter blocks it, and so does an all-gather
+    # unless issued asynchronously (nccl: both on their own streams)
+    host = cluster.backend == "gloo"
+    gather_blocks = host and not plan.async_unshard
     for j, op_id in enumerate(geometry.compute_ops):
         for _, i, kind in issue.get(j, ()):
             i = abs(i)
-            send(kind, i, machine.t)
-            step.memory_deltas.append((machine.t, geometry.nbytes[i], f"unit {i} parameters"))
+            issued_at = machine.t
+            done = send(kind, i, issued_at)
+            step.memory_deltas.append((issued_at, geometry.nbytes[i], f"unit {i} parameters"))
+            if gather_blocks and done > machine.t:
+                step.waits.append((j, i, kind, machine.t, done))
+                machine.t = done
         for kind, i in wait.get(j, ()):
             if ends[(kind, i)] > machine.t:
                 step.waits.append((j, i, kind, machine.t, ends[(kind, i)]))
@@ -136,8 +149,11 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
             step.memory_deltas.append((end, -geometry.nbytes[i], f"unit {i} parameters"))
         for i in post.get(j, ()):
             step.memory_deltas.append((end, -geometry.nbytes[i], f"unit {i} parameters"))
-            done = send(RS, i, end)
+            done = send(RS, i, machine.t)
             step.memory_deltas.append((done, -geometry.nbytes[i], f"unit {i} gradients"))
+            if host and done > machine.t:
+                step.waits.append((j, i, RS, machine.t, done))
+                machine.t = done
     step.backward_end_s = machine.t
     t = step.optimizer_start_s = max([machine.t] + [c[4] for c in step.collectives])
     for op_id in plan.order:

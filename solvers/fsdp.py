@@ -12,7 +12,9 @@
   cost is a tenth of its transfer time (SimpleFSDP's automatic bucketing and torch's
   bandwidth-derived FSDP bucket sizes take the same view), clipped to 50 MB - 2 GB.
 
-Every solver's plan is within ``problem.memory_budget_bytes``; a baseline whose layout is over
+The baselines are FSDP2 as it comes: on gloo each all-gather blocks the host (``async_unshard``
+false; on nccl FSDP2's streams overlap it either way). Every solver's plan is within
+``problem.memory_budget_bytes``; a baseline whose layout is over
 budget is retried with every unit resharded and no prefetch (the least its layout can hold), and
 otherwise fails with one line naming that smallest peak.
 
@@ -98,7 +100,8 @@ def build_units(graph: TrainGraph, groups: Sequence[Sequence[str]], *, reshard: 
 
 
 def _plan(problem: Problem, units: Sequence[Unit], name: str, **stats) -> Plan:
-    return Plan.for_problem(problem, order=engine_order(problem.graph), units=units,
+    # the baselines are FSDP2 as it comes: on gloo each all-gather blocks the host (no _set_unshard_async_op)
+    return Plan.for_problem(problem, order=engine_order(problem.graph), units=units, async_unshard=False,
                             solver=SolverInfo(name=name, stats=stats))
 
 

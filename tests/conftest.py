@@ -44,7 +44,7 @@ def two_ranks() -> Cluster:
 
 #: Modules whose tests spawn real ranks or processes: all of them are ``slow``.
 SLOW_MODULES = {"test_runtime", "test_runtime_overlap", "test_osp_runtime", "test_compiled_runtime", "test_launch",
-                "test_bench_scripts", "test_layout"}
+                "test_bench_scripts", "test_layout", "test_shard_runtime"}
 #: Other tests that take over a second on 2 cores (``pytest --durations``): ``slow`` too.
 SLOW_TESTS = {
     "test_cli": {"test_ctrl_c_during_a_cpsat_solve_ends_within_2_s_with_130_and_writes_nothing",

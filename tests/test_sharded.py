@@ -91,6 +91,24 @@ def test_the_bound_of_the_three_unit_chain_by_hand_is_reached():
     assert t.lower_bound_s == pytest.approx(11 * MS)
     assert t.iteration_s == pytest.approx(11 * MS)
 
+
+def test_on_gloo_the_host_waits_for_reduce_scatters_and_synchronous_all_gathers():
+    """The same kept, gathered-ahead plan as above with the host running the collectives (gloo).
+
+    Asynchronous all-gathers (schedopt's runtime): AG0-2 0-3 as before, f0-f2 1-4, b2 4-6, then RS2
+    6-7 blocks the backward, b1 7-9, RS1 9-10, b0 10-12, RS0 12-13: 13 ms. FSDP2's default, each
+    all-gather blocking the host where it is issued (all three at the step's start): f0 3-4 ... f2
+    5-6, b2 6-8, RS2 8-9, b1 9-11, RS1 11-12, b0 12-14, RS0 14-15: 15 ms.
+    """
+    gloo = replace(TWO, backend="gloo")
+    problem = Problem(graph=three_layers(), cluster=gloo, mode="sharded")
+    units = [Unit(modules=(f"l{i}",), params=(f"l{i}.w",), reshard_after_forward=False, prefetch_forward=i,
+                  prefetch_backward=0) for i in range(3)]
+    plan = sharded_plan(problem, units)
+    assert simulate(problem, plan).iteration_s == pytest.approx(13 * MS)
+    assert simulate(problem, replace(plan, async_unshard=False)).iteration_s == pytest.approx(15 * MS)
+    assert simulate(problem, plan).lower_bound_s <= 13 * MS
+
 def test_one_unit_without_reshard_moves_one_all_reduce_volume():
     graph = chain(4)
     cluster = Cluster(world_size=8, bandwidth_Bps=12.5e9, latency_s=0.0)

@@ -1,0 +1,195 @@
+"""What a sharded run did, step by step: each all-gather and reduce-scatter, and the memory it held.
+
+:func:`~schedopt.runtime.shard` gives every unit FSDP2's own collectives wrapped in a recording
+shell (``set_custom_all_gather`` / ``set_custom_reduce_scatter``, FSDP2's documented way to supply
+them): the shell calls ``all_gather_single`` / ``reduce_scatter_single`` exactly as FSDP2's
+defaults do, and notes, by the host's clock from the step's start,
+
+- when the collective was issued and when it ended (a blocking call: when it returned; an
+  asynchronous one, FSDP2's all-gathers with ``async_unshard``: when its future completed; on CUDA
+  that is when NCCL reported the kernel done);
+- the unsharded parameter and gradient bytes the model held, sampled before and after every
+  unit's forward, at every all-gather and at every reduce-scatter: a parameter FSDP2 has
+  unsharded is a plain tensor registered on its module (sharded ones are DTensors) and its
+  gradient lives on it until its unit's post-backward. Two moments need one known figure each: an
+  all-gather's output buffer is counted from its call (the parameters are registered only when
+  the forward or backward first waits for it), and at a reduce-scatter, whose post-backward hook
+  has just taken the unit's gradients off its parameters and resharded them, the unit's
+  gradients (the reduce-scatter's input) and its parameters (the all-gather's output size, held
+  until that instant) are added to what is seen. The peak is reported as the simulator reports
+  it: this rank's shards plus the largest sample.
+
+A step begins at the root module's forward. :attr:`ShardRecorder.steps` holds them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter  # FSDP2's comm interface
+from torch.distributed.tensor import DTensor
+
+__all__ = ["ShardCollective", "ShardStepRecord", "ShardRecorder"]
+
+AG, RS = "all-gather", "reduce-scatter"
+
+
+@dataclass(slots=True)
+class ShardCollective:
+    """One collective of a step: its kind, unit, bytes, and issue and end times (s from the step's start)."""
+
+    kind: str
+    unit: int
+    nbytes: int
+    issue_s: float
+    end_s: float | None = None
+
+    def to_json(self) -> list[Any]:
+        return [self.kind, self.unit, self.nbytes, round(self.issue_s, 6),
+                None if self.end_s is None else round(self.end_s, 6)]
+
+
+@dataclass(slots=True)
+class ShardStepRecord:
+    """One step: when it began (the host's clock), its collectives, and the largest unsharded bytes seen."""
+
+    start: float
+    collectives: list[ShardCollective] = field(default_factory=list)
+    unsharded_peak_bytes: int = 0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class ShardRecorder:
+    """Records one sharded model's steps (see the module docstring)."""
+
+    def __init__(self, root: nn.Module, unit_modules: Sequence[Sequence[nn.Module]]) -> None:
+        self.root = root
+        self.unit_modules = [list(ms) for ms in unit_modules]
+        self.steps: list[ShardStepRecord] = []
+        self._lock = threading.Lock()  # futures complete on the backend's threads
+        self._managed = self._managed_names()
+        #: the bytes of this rank's shards of every parameter (constant)
+        self.shard_bytes = sum(_nbytes(p.to_local()) for p in root.parameters() if isinstance(p, DTensor))
+
+    def _managed_names(self) -> list[tuple[nn.Module, str]]:
+        """(module, attribute) of every trainable parameter, each once: where FSDP2 swaps it."""
+        seen, out = set(), []
+        for module in self.root.modules():
+            for name, p in module.named_parameters(recurse=False):
+                if id(p) not in seen and p.requires_grad:
+                    seen.add(id(p))
+                    out.append((module, name))
+        return out
+
+    # ----------------------------------------------------------------- steps and memory
+
+    def begin_step(self, *_: Any) -> None:
+        self.steps.append(ShardStepRecord(start=time.perf_counter()))
+
+    def sample(self, extra: int = 0) -> None:
+        """Note the unsharded parameter and gradient bytes held now, plus ``extra`` held out of sight."""
+        if not self.steps:
+            return
+        held = extra
+        for module, name in self._managed:
+            p = module._parameters.get(name)
+            if p is None or isinstance(p, DTensor):
+                continue
+            held += _nbytes(p)
+            if p.grad is not None and not isinstance(p.grad, DTensor):
+                held += _nbytes(p.grad)
+        step = self.steps[-1]
+        step.unsharded_peak_bytes = max(step.unsharded_peak_bytes, held)
+
+    def peak_bytes(self, step: ShardStepRecord) -> int:
+        """A step's peak as the simulator counts it: this rank's shards plus the most unsharded bytes held."""
+        return self.shard_bytes + step.unsharded_peak_bytes
+
+    # ----------------------------------------------------------------- collectives
+
+    def _note(self, kind: str, unit: int, nbytes: int) -> ShardCollective | None:
+        if not self.steps:
+            return None
+        step = self.steps[-1]
+        entry = ShardCollective(kind=kind, unit=unit, nbytes=nbytes, issue_s=time.perf_counter() - step.start)
+        with self._lock:
+            step.collectives.append(entry)
+        return entry
+
+    def _ended(self, entry: ShardCollective | None, work: Any, start: float) -> None:
+        if entry is None:
+            return
+        if work is None:  # blocking: it has ended
+            entry.end_s = time.perf_counter() - start
+            return
+
+        def done(_: Any) -> None:
+            entry.end_s = time.perf_counter() - start
+
+        work.get_future().add_done_callback(done)
+
+    def comms(self, unit: int) -> tuple[AllGather, ReduceScatter]:
+        """The recording all-gather and reduce-scatter for unit ``unit``."""
+        gather, scatter = _RecordedAllGather(self, unit), _RecordedReduceScatter(self, unit)
+        gather.twin = scatter
+        return gather, scatter
+
+    def attach(self) -> None:
+        """Hook the root's forward (a step begins) and every unit's forward and backward edges (samples)."""
+        self.root.register_forward_pre_hook(self.begin_step, prepend=True)
+        for modules in self.unit_modules:
+            for m in modules:
+                m.register_forward_pre_hook(lambda *_: self.sample())
+                m.register_forward_hook(lambda *_: self.sample(), prepend=True)  # before FSDP2 reshards
+
+
+class _Recorded:
+    def __init__(self, recorder: ShardRecorder, unit: int) -> None:
+        self.recorder, self.unit = recorder, unit
+        self.gathered_bytes = 0  # the unit's unsharded parameters: its all-gather's output
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class _RecordedAllGather(_Recorded, AllGather):
+    """FSDP2's default all-gather (``all_gather_single``), recorded."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 async_op: bool = False) -> dist.Work | None:
+        rec = self.recorder
+        entry = rec._note(AG, self.unit, _nbytes(output_tensor))
+        start = rec.steps[-1].start if rec.steps else 0.0
+        work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+        rec._ended(entry, work if async_op else None, start)
+        rec.sample(extra=_nbytes(output_tensor))
+        self.twin.gathered_bytes = _nbytes(output_tensor)
+        return work
+
+
+class _RecordedReduceScatter(_Recorded, ReduceScatter):
+    """FSDP2's default reduce-scatter (``reduce_scatter_single``), recorded."""
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        buffer = super().allocate(size, dtype=dtype, device=device)
+        # the post-backward hook has just taken the unit's gradients off its parameters and resharded them
+        self.recorder.sample(extra=_nbytes(buffer) + self.gathered_bytes)
+        return buffer
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> dist.Work | None:
+        rec = self.recorder
+        entry = rec._note(RS, self.unit, _nbytes(input_tensor))
+        start = rec.steps[-1].start if rec.steps else 0.0
+        work = dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        rec._ended(entry, work if async_op else None, start)
+        return work
