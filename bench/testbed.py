@@ -80,7 +80,12 @@ from provenance import begin, write_result  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
 ADDRESSES = ("198.18.0.1", "198.18.0.2")
-MODES = ("ddp", "barrier", "overlap", "osp", "compiled-ddp", "barrier-compiled", "compiled")
+MODES = ("ddp", "barrier", "overlap", "osp", "compiled-ddp", "barrier-compiled", "compiled", "fsdp", "sharded")
+#: The baselines other modes are compared with: torch's DDP, and FSDP2 per block (sharded training).
+BASELINES = ("ddp", "fsdp")
+#: Sharded modes: ``fsdp`` runs FSDP2 per block as it comes (its plan, ``fsdp-per-block``, predicts it);
+#: ``sharded`` runs the best sharded plan within the memory ``fsdp`` holds (``examples/train.py --shard``).
+SHARDED_MODES = ("fsdp", "sharded")
 #: Modes that run another mode's plan inside torch.compile (``examples/train.py --compile``).
 COMPILED_RUNS = {"compiled-ddp": "ddp", "barrier-compiled": "barrier"}
 #: Modes launched with ``--compile``.
@@ -265,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES) - {m + SLACK for m in ("barrier", "overlap", "osp")})
-    if unknown or "ddp" not in modes:
-        print(f"testbed: --modes takes ddp and any of {', '.join(MODES[1:])} (barrier, overlap, osp also with {SLACK}), "
-              f"got {args.modes!r}", file=sys.stderr)
+    if unknown or not set(BASELINES) & set(modes) or "sharded" in modes and "fsdp" not in modes:
+        print(f"testbed: --modes takes a baseline (ddp, or fsdp for sharded) and any of {', '.join(MODES[1:])} "
+              f"(barrier, overlap, osp also with {SLACK}), got {args.modes!r}", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
         print("testbed: needs root (it creates network namespaces and tc qdiscs); run it with sudo", file=sys.stderr)
@@ -338,8 +343,9 @@ def plan_modes(args, modes: list[str], work: Path, cluster, graph_file: Path, le
     if any(m.endswith(SLACK) for m in modes):
         replace(cluster, name=f"{cluster.name}, {args.plan_margin:.0%} slower",
                 bandwidth_Bps=cluster.bandwidth_Bps / (1 + args.plan_margin)).save(slowed)
-    plan_of: dict[str, Path] = {}
-    for mode in ["barrier", *(m for m in modes if m not in ("ddp", "barrier", *COMPILED_RUNS))]:
+    plan_of: dict[str, Path] = plan_sharded(args, modes, work, cluster_file, graph_file, left)
+    bucketed = [m for m in modes if m not in SHARDED_MODES]
+    for mode in ["barrier", *(m for m in bucketed if m not in ("ddp", "barrier", *COMPILED_RUNS))] if bucketed else []:
         base = "barrier" if mode == "compiled" else mode.removesuffix(SLACK)
         execution = "compiled" if mode == "compiled" else "eager"
         plans_dir = work / f"plans-{mode}"
@@ -358,7 +364,35 @@ def plan_modes(args, modes: list[str], work: Path, cluster, graph_file: Path, le
         if mode == "barrier":
             plan_of["ddp"] = plans_dir / "pytorch-ddp.plan.json"
     for mode, same in COMPILED_RUNS.items():
-        plan_of[mode] = plan_of[same]
+        if same in plan_of:
+            plan_of[mode] = plan_of[same]
+    return plan_of
+
+
+def plan_sharded(args, modes: list[str], work: Path, cluster_file: Path, graph_file: Path, left) -> dict[str, Path]:
+    """The sharded modes' plans: ``fsdp-per-block`` (what ``--fsdp`` runs), and the best plan of every sharded
+    solver within the memory it holds (the budget of ``sharded``)."""
+    from schedopt import Plan
+
+    if "fsdp" not in modes:
+        return {}
+    plans_dir = work / "plans-sharded"
+    plans_dir.mkdir(parents=True, exist_ok=True)
+    per_block = plans_dir / "fsdp-per-block.plan.json"
+    schedopt_cli("plan", str(graph_file), "--cluster", str(cluster_file), "--mode", "sharded", "--solver",
+                 "fsdp-per-block", "-o", str(per_block), timeout_s=min(120, left()))
+    plan_of = {"fsdp": per_block}
+    if "sharded" in modes:
+        budget = int(Plan.load(per_block).predicted.peak_memory_bytes)
+        rows_json = schedopt_cli("compare", str(graph_file), "--cluster", str(cluster_file), "--solvers", "all",
+                                 "--mode", "sharded", "--memory-budget", f"{budget}B", "--time-limit",
+                                 f"{args.solve_time}s", "--seed", str(args.seed), "--format", "json",
+                                 "--out", str(plans_dir), timeout_s=min(args.solve_time * 3 + 120, left()))
+        compared = [r for r in json.loads(rows_json)["rows"] if r.get("iteration_s") is not None]
+        best = min(compared, key=lambda r: r["iteration_s"])
+        print(f"planned (sharded, budget {budget / 2**20:.1f} MiB): " + ", ".join(
+            f"{r['solver']} {r['iteration_s'] * 1e3:.0f} ms" for r in compared) + f"; best {best['solver']}")
+        plan_of["sharded"] = plans_dir / f"{best['solver']}.plan.json"
     return plan_of
 
 
@@ -372,6 +406,8 @@ class Measured:
     waits: dict[str, list[float]]
     phases: dict[str, list[list[float]]]
     profiles: list
+    #: sharded modes: rank 0's peak of shards plus unsharded parameters and gradients, per step
+    peaks: dict[str, list[int]] = None  # type: ignore[assignment]
 
 
 def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], work: Path, batch: list[str],
@@ -380,7 +416,7 @@ def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], wor
     from schedopt import TrainGraph
 
     m = Measured(steps={k: [] for k in modes}, periods={k: [] for k in modes}, waits={k: [] for k in modes},
-                 phases={k: [] for k in modes}, profiles=[])
+                 phases={k: [] for k in modes}, profiles=[], peaks={k: [] for k in modes})
     for round_ in range(args.rounds):
         for mode in (modes if round_ % 2 == 0 else modes[::-1]):
             if args.reprofile:  # this host's compute speed moves by tens of percent within minutes
@@ -389,9 +425,10 @@ def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], wor
                              report=False)
                 m.profiles.append(TrainGraph.load(run_graph))
             out = work / f"{mode}.{round_}.json"
-            torch_ddp = mode in ("ddp", "compiled-ddp")
-            env = {} if torch_ddp else {"SCHEDOPT_PLAN": str(plan_of[mode])}
-            extra = (["--ddp"] if torch_ddp else []) + (["--compile"] if mode in COMPILED_MODES else [])
+            torch_run = mode in ("ddp", "compiled-ddp", "fsdp")  # torch's own, no plan
+            env = {} if torch_run else {"SCHEDOPT_PLAN": str(plan_of[mode])}
+            extra = {"fsdp": ["--fsdp"], "sharded": ["--shard"]}.get(mode, ["--ddp"] if torch_run else [])
+            extra += ["--compile"] if mode in COMPILED_MODES else []
             launch(link, [str(TRAIN), args.model, *extra, "--steps", str(args.steps), "--warmup", str(args.warmup),
                           "--threads", "1", "--quiet", "--seed", str(args.seed), "--json", str(out), *batch],
                    env=env, timeout_s=min(900, left()), log=work / f"{mode}-{round_}")
@@ -400,6 +437,7 @@ def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], wor
             m.periods[mode].append(run_period(measured))
             m.waits[mode] += measured.get("rank0_wait_s", [])
             m.phases[mode] += measured.get("rank0_phases_s", [])
+            m.peaks[mode] += measured.get("rank0_peak_bytes", [])
             profiled = f" (profiled {_step_s(m.profiles[-1]) * 1e3:.0f} ms)" if args.reprofile else ""
             print(f"  round {round_} {mode:13s} {m.periods[mode][-1] * 1e3:.1f} ms per step{profiled}")
     return m
@@ -431,7 +469,11 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
             "comm_s": timeline.comm_s, "bound_s": bound,
             "measured_wait_median_s": statistics.median(m.waits[mode]) if m.waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
-            "speedup_vs_ddp": round_ratio(m.periods["ddp"], m.periods[mode]),
+            "speedup_vs_ddp": round_ratio(m.periods["ddp"], m.periods[mode]) if "ddp" in modes else None,
+            "speedup_vs_fsdp": round_ratio(m.periods["fsdp"], m.periods[mode]) if "fsdp" in modes else None,
+            "measured_peak_bytes": statistics.median(m.peaks[mode]) if m.peaks and m.peaks[mode] else None,
+            "predicted_peak_bytes": timeline.peak_memory_bytes,
+            "memory_budget_bytes": plan.memory_budget_bytes,
             "speedup_vs": {other: round_ratio(m.periods[other], m.periods[mode]) for other in modes if other != mode},
             "execution": plan.execution,
             "measured_phases_s": [statistics.median(p) for p in zip(*m.phases[mode])] if m.phases[mode] else None,
@@ -605,10 +647,17 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['mode']:16s} {r['solver']:12s} {r['measured_s'] * 1e3:8.1f} {runs:>17s} "
               f"{r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
               f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
-              f"{r['speedup_vs_ddp']:8.3f}")
+              f"{r['speedup_vs_ddp'] if r['speedup_vs_ddp'] is not None else r['speedup_vs_fsdp']:8.3f}")
     for r in rows:
         if r["mode"] in ("barrier-compiled", "compiled"):
             print(f"{r['mode']}: " + ", ".join(f"{ratio:.3f}x {other}" for other, ratio in r["speedup_vs"].items()))
+    for r in rows:
+        if r.get("measured_peak_bytes") is not None:
+            budget = r["memory_budget_bytes"]
+            print(f"{r['mode']}: peak {r['measured_peak_bytes'] / 2**20:.1f} MiB per rank measured, "
+                  f"{r['predicted_peak_bytes'] / 2**20:.1f} predicted ({r['measured_peak_bytes'] / r['predicted_peak_bytes'] - 1:+.1%})"
+                  + (f", budget {budget / 2**20:.1f} MiB" if budget else "")
+                  + (f"; {r['speedup_vs_fsdp']:.3f}x FSDP2 per block" if r["mode"] != "fsdp" else ""))
     for r in rows:
         if r.get("measured_wait_median_s") is not None:
             print(f"{r['mode']}: the forward waited {r['measured_wait_median_s'] * 1e3:.1f} ms per step for the network "

@@ -14,6 +14,7 @@ factory            parameters   layout
 ``bert_base``      109,514,298  BERT-base with the masked-LM head (tied decoder)
 ``resnet18``       11,173,962   ResNet-18 for CIFAR (3x3 stem, no max-pool), 32x32 input
 ``gpt_tied``       5,322,240    GPT-2-style, 4 layers, d=256, vocabulary 8,192, tied head
+``gpt_deep``       8,481,280    ``gpt_tied`` with 8 layers (sharded training on the testbed)
 =================  ===========  ==========================================
 
 ``resnet18`` and ``gpt_tied`` are sized for the two-rank CPU testbed
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
-    "resnet50", "vgg16", "inception", "gpt2_small", "bert_base", "resnet18", "gpt_tied",
+    "resnet50", "vgg16", "inception", "gpt2_small", "bert_base", "resnet18", "gpt_tied", "gpt_deep",
     "digits_cnn", "tiny_cnn", "tiny_resnet", "tiny_vgg", "tiny_inception", "tiny_gpt", "tiny_bert", "tiny_branches",
     "FACTORIES",
 ]
@@ -448,6 +449,12 @@ def gpt2_small(batch_size: int = 8, seq_len: int = 1024):
 def gpt_tied(batch_size: int = 8, seq_len: int = 128):
     """A GPT-2-style model for the testbed: 4 layers, 256 wide, 4 heads, 8,192 tokens, tied head."""
     model = GPT(vocab=8192, max_len=256, hidden=256, num_layers=4, num_heads=4)
+    return _language_model(model, torch.randint(0, 8192, (batch_size, seq_len)), 8192)
+
+
+def gpt_deep(batch_size: int = 8, seq_len: int = 128):
+    """gpt_tied twice as deep, for sharded training on the testbed: 8 layers, 256 wide, 4 heads, tied head."""
+    model = GPT(vocab=8192, max_len=256, hidden=256, num_layers=8, num_heads=4)
     return _language_model(model, torch.randint(0, 8192, (batch_size, seq_len)), 8192)
 
 

@@ -6,6 +6,14 @@ Launch it with torchrun; the plan comes from the environment, nothing else chang
     SCHEDOPT_PLAN=plan.json torchrun --nproc-per-node 2 examples/train.py resnet18 --steps 20
     torchrun --nproc-per-node 2 examples/train.py resnet18 --steps 20 --ddp       # the baseline
 
+Sharded training goes through torch's own FSDP2: ``--shard`` applies the sharded plan in
+``$SCHEDOPT_PLAN`` (``schedopt.runtime.shard``: its units, reshards and prefetches), ``--fsdp`` is the
+baseline, FSDP2 per repeated block with its defaults (torchtitan's layout; it ignores the plan):
+
+    schedopt plan graph.json --mode sharded --solver cpsat --cluster cluster.json -o sharded.json
+    SCHEDOPT_PLAN=sharded.json torchrun --nproc-per-node 2 examples/train.py gpt_tied --shard
+    torchrun --nproc-per-node 2 examples/train.py gpt_tied --fsdp
+
 With ``--compile`` the plan runs inside ``torch.compile`` (``schedopt.runtime.compile``: its op order
 too), and ``--ddp --compile`` is ``torch.compile`` of a DDP model (the compiled baseline; backend
 ``aot_eager`` by default, which runs the aten graphs as schedopt's compiled runtime does).
@@ -27,8 +35,10 @@ short, so the per-step maximum takes the long one of each pair (ResNet-18 on the
 period of 826 ms, a median per-step maximum of 923;
 ``bench/results/testbed_resnet18_550mbit_compiled_run3.json``). ``--json`` writes the steps of
 every rank; rank 0's forward, backward and optimizer times per step, by the host's clock (on CUDA:
-until the host returned, not until the kernels ran); and in overlap and osp modes how long rank
-0's forward waited for the network in each step.
+until the host returned, not until the kernels ran); in overlap and osp modes how long rank
+0's forward waited for the network in each step; sharded, rank 0's every all-gather and
+reduce-scatter per step (kind, unit, bytes, issue and end in s from the step's start) and its peak
+of shards plus unsharded parameters and gradients per step.
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
 """
 
@@ -74,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="example model name (resnet18, gpt_tied, ...) or file.py:factory")
     parser.add_argument("--ddp", action="store_true", help="train with torch DDP, ignoring $SCHEDOPT_PLAN")
+    parser.add_argument("--shard", action="store_true", help="sharded: the plan in $SCHEDOPT_PLAN through FSDP2")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="sharded baseline: FSDP2 per repeated block, its defaults (ignores $SCHEDOPT_PLAN)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile: the plan with schedopt's compiled runtime, or (with --ddp) the DDP model")
     parser.add_argument("--compile-backend", default="aot_eager",
@@ -90,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from schedopt.errors import SchedoptError
     from schedopt.runtime import compile as compile_plan
-    from schedopt.runtime import wrap, wrap_optimizer
+    from schedopt.runtime import records, shard, wrap, wrap_optimizer
 
+    if args.ddp + args.shard + args.fsdp > 1 or args.compile and (args.shard or args.fsdp):
+        print("train.py: choose one of --ddp, --shard and --fsdp (--compile goes with a bucketed plan or --ddp)",
+              file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
@@ -108,14 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         model, example, loss_fn = load(args.model, args.batch_size)
         model.to(device)
-        plan = None if args.ddp else os.environ.get("SCHEDOPT_PLAN")
-        if args.ddp:
+        plan = None if args.ddp or args.fsdp else os.environ.get("SCHEDOPT_PLAN")
+        if args.shard or args.fsdp:
+            if args.fsdp:
+                os.environ.pop("SCHEDOPT_PLAN", None)
+            ddp_model = shard(model)
+        elif args.ddp:
             ddp_model = torch.nn.parallel.DistributedDataParallel(model)
             if args.compile:
                 ddp_model = torch.compile(ddp_model, backend=args.compile_backend)
         else:
             ddp_model = compile_plan(model) if args.compile else wrap(model)
-        kind = ("ddp" if args.ddp or isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel)
+        kind = ("fsdp" if args.fsdp else "schedopt-sharded" if args.shard else
+                "ddp" if args.ddp or isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel)
                 else "schedopt") + ("-compiled" if args.compile else "")
         # the user's own optimizer; with an overlap plan it steps per bucket, where the next forward reads
         optimizer = wrap_optimizer(torch.optim.SGD(ddp_model.parameters(), lr=args.lr), ddp_model)
@@ -150,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 label = "warm-up" if step < args.warmup else "step"
                 print(f"{label} {step:3d}  loss {loss.item():.4f}", flush=True)
         getattr(ddp_model, "flush", lambda: None)()  # overlap mode: the last step's updates
+        recorder = records(ddp_model)  # sharded: FSDP2's collectives and memory, per step
+        sharded = [] if recorder is None else recorder.steps[args.warmup:args.warmup + args.steps]
         channel = getattr(ddp_model, "channel", None)  # gloo, overlap and osp: the link's use, rank 0
         transfers = [[t.numel, t.queued_s, t.started_s, t.done_s] for t in channel.history] if channel else []
         # a step is the time from its start to the next one's: in overlap mode a step's
@@ -171,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                     "period_s": period, "step_s": slowest, "rank_step_s": gathered, "median_s": median,
                     "rank0_wait_s": waits, "rank0_settles": settles, "rank0_phases_s": phases,
                     "rank0_step_marks_s": marks, "rank0_transfers": transfers,
+                    "rank0_collectives": [[c.to_json() for c in st.collectives] for st in sharded],
+                    "rank0_peak_bytes": [recorder.peak_bytes(st) for st in sharded],
                 }, indent=1))
     except SchedoptError as exc:
         print(f"train.py: rank {rank}: {exc}", file=sys.stderr)

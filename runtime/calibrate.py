@@ -15,6 +15,12 @@ Steps:
    while a collective is in flight. On CUDA, NCCL has its own hardware and
    it is 0; with gloo on CPU the collective's threads share the cores with
    the model.
+5. The all-gather and the reduce-scatter FSDP2 calls (``all_gather_single``,
+   ``reduce_scatter_single``), swept the same way from 64 KiB (of unsharded
+   bytes) on half the time limit each, and each fitted as ``fixed + per_byte *
+   B`` (:func:`schedopt.cluster.fit_shard_cost`): a backend need not run them
+   as the ring formula says (gloo's reduce-scatter of 2 ranks takes as long as
+   an all-reduce of the same buffer on a capped link, measured).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from schedopt.cluster import Cluster, FitQuality, calibrate, fit_quality
+from schedopt.cluster import Cluster, FitQuality, calibrate, fit_quality, fit_shard_cost
 from schedopt.errors import SchedoptError
 
 __all__ = ["Measurement", "Calibration", "measure_allreduce", "measure_interference", "calibrate_process_group",
@@ -66,8 +72,10 @@ def _device(process_group: Any) -> Any:
 
 
 def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, time_limit_s: float = 60.0,
-                      process_group: Any = None, min_repeats: int = 3, max_repeats: int = 20) -> list[Measurement]:
-    """Time all-reduces of growing sizes on ``process_group`` (steps 1-2 of the module docstring)."""
+                      process_group: Any = None, min_repeats: int = 3, max_repeats: int = 20,
+                      collective: str = "all-reduce") -> list[Measurement]:
+    """Time collectives of growing sizes on ``process_group`` (steps 1-2 of the module docstring):
+    all-reduces, or FSDP2's ``all-gather`` / ``reduce-scatter`` of that many unsharded bytes."""
     import torch
     import torch.distributed as dist
 
@@ -91,13 +99,13 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
         dist.broadcast(go, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group)
         if not go.item():
             break
-        buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        run = _collective(collective, nbytes, device, process_group)
         samples: list[float] = []
         for k in range(1 + max_repeats):
             dist.barrier(group=process_group)
             sync()
             t0 = time.perf_counter()
-            dist.all_reduce(buffer, group=process_group)
+            run()
             sync()
             if k > 0:
                 samples.append(time.perf_counter() - t0)
@@ -110,6 +118,24 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
     dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=process_group)
     return [Measurement(nbytes=n, median_s=float(t), num_repeats=r)
             for (n, _, r), t in zip(results, medians.tolist())]
+
+
+def _collective(kind: str, nbytes: int, device: Any, process_group: Any):
+    """A call that runs one ``kind`` collective of ``nbytes`` (unsharded) float32 bytes."""
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size(process_group)
+    numel = max(nbytes // 4 // n, 1) * n
+    whole = torch.ones(numel, dtype=torch.float32, device=device)
+    if kind == "all-reduce":
+        return lambda: dist.all_reduce(whole, group=process_group)
+    part = torch.ones(numel // n, dtype=torch.float32, device=device)
+    if kind == "all-gather":
+        return lambda: dist.all_gather_single(whole, part, group=process_group)
+    if kind == "reduce-scatter":
+        return lambda: dist.reduce_scatter_single(part, whole, group=process_group)
+    raise SchedoptError(f"unknown collective {kind!r}; valid: all-reduce, all-gather, reduce-scatter")
 
 
 def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 7,
@@ -179,8 +205,15 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     quality = fit_quality(cluster, sizes, times)
     interference = measure_interference(cluster, process_group=process_group)
     backend = str(dist.get_backend(process_group))
+    shard_costs = {}
+    for kind in ("all-gather", "reduce-scatter"):  # step 5
+        swept = measure_allreduce(process_group=process_group, collective=kind, **{
+            **sweep, "min_bytes": max(sweep.get("min_bytes", 0), 64 << 10),
+            "time_limit_s": sweep.get("time_limit_s", 60.0) / 2})
+        if len(swept) >= 2:
+            shard_costs[kind] = fit_shard_cost([m.nbytes for m in swept], [m.median_s for m in swept])
     cluster = replace(cluster, interference=round(statistics.median(interference), 3),
-                      backend="gloo" if backend == "gloo" else "nccl")
+                      backend="gloo" if backend == "gloo" else "nccl", shard_costs=shard_costs or None)
     return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
                        backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference))
 

@@ -410,8 +410,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
               f"({format_size(graph.total_param_bytes)}); {problem.cluster.describe()}; {problem.mode}")
         print(format_table(rows, COLUMNS))
         for row in rows:
-            if row.get("error"):
-                print(f"{row['solver']}: {row['error']}")
+            if row.get("error"):  # solvers' errors name them already
+                prefix = "" if row["error"].startswith(f"{row['solver']}:") else f"{row['solver']}: "
+                print(f"{prefix}{row['error']}")
     if out is not None:
         write_json_atomic(out / "compare.json", comparison_json(problem, rows))
         write_text_atomic(out / "compare.csv", format_csv(rows))
@@ -421,17 +422,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _write_comparison_chart(problem: Problem, saved: dict[str, tuple[Plan, Any]], rows: list[dict[str, Any]],
                             path: Path) -> None:
-    """DDP's timeline (in barrier mode, as torch runs it) above the best plan's, on one time axis."""
+    """The baseline's timeline (DDP in barrier mode, as torch runs it; sharded: FSDP2 per block) above the
+    best plan's, on one time axis; nothing where no solver has a plan (every one over the memory budget)."""
     from .report import BASELINE, ddp_timeline
     from .trace import write_gantt_comparison
 
-    best = min(rows, key=lambda r: r["iteration_s"])["solver"]
+    planned = [r for r in rows if r.get("iteration_s") is not None and r["solver"] in saved]
+    if not planned:
+        return
+    best = min(planned, key=lambda r: r["iteration_s"])["solver"]
+    baseline = "fsdp-per-block" if problem.mode == "sharded" else BASELINE
     shown = []
-    if BASELINE in saved:
-        plan, timeline = saved[BASELINE]
-        ddp = timeline if problem.mode == "barrier" else ddp_timeline(problem, plan)
-        shown.append((BASELINE, ddp))
-    if best != BASELINE:
+    if baseline in saved:
+        plan, timeline = saved[baseline]
+        shown.append((baseline, timeline if problem.mode in ("barrier", "sharded") else ddp_timeline(problem, plan)))
+    if best != baseline:
         shown.append((best, saved[best][1]))
     write_gantt_comparison([(f"{problem.graph.name} / {name}", timeline) for name, timeline in shown], path)
 

@@ -25,7 +25,7 @@ import numpy as np
 from .errors import SchedoptError, UnitError
 from .units import parse_bandwidth, parse_duration
 
-__all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "fit_quality"]
+__all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "fit_quality", "fit_shard_cost"]
 
 #: The schema of a cluster file (``schedopt calibrate -o``, ``--cluster FILE``).
 CLUSTER_SCHEMA = "schedopt.cluster/1"
@@ -74,6 +74,10 @@ class Cluster:
             all-gathers block the host unless issued asynchronously (a sharded
             plan's ``async_unshard``). Only ``sharded`` mode's simulator reads
             it; ``schedopt calibrate`` records the group's backend.
+        shard_costs: measured costs of FSDP2's collectives, ``(kind, fixed_s, s_per_byte)``
+            per unsharded byte for ``all-gather`` and ``reduce-scatter`` (``schedopt
+            calibrate``; a mapping ``{kind: [fixed_s, s_per_byte]}`` is accepted); where a kind
+            is absent, :meth:`shard_collective_s` uses the ring formula.
 
     Example:
         >>> Cluster.preset("10gbe", world_size=8).allreduce_s(25 * 2**20) > 0.03
@@ -88,6 +92,7 @@ class Cluster:
     name: str = "custom"
     interference: float = 0.0
     backend: Backend = "nccl"
+    shard_costs: tuple[tuple[str, float, float], ...] | None = None
 
     def __post_init__(self) -> None:
         if (isinstance(self.world_size, bool) or not isinstance(self.world_size, int)
@@ -106,6 +111,8 @@ class Cluster:
         if not (isinstance(self.interference, (int, float)) and 0 <= self.interference <= 10
                 and math.isfinite(self.interference)):
             raise UnitError(f"interference must be a number from 0 to 10, got {self.interference!r}")
+        if self.shard_costs is not None:
+            object.__setattr__(self, "shard_costs", _shard_costs(self.shard_costs))
         if self.backend not in BACKENDS:
             raise SchedoptError(f"unknown collective backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.algorithm not in ("ring", "tree"):
@@ -172,13 +179,18 @@ class Cluster:
             return 0.0
         return self.fixed_s + self.seconds_per_byte * nbytes
 
-    def shard_collective_s(self, nbytes: float) -> float:
-        """Return the time of one all-gather or reduce-scatter of ``nbytes`` unsharded bytes (ring):
-        ``call_s + (n-1)·alpha + (n-1)/n · nbytes / bandwidth``. An all-gather and a reduce-scatter
-        of the same bytes move one ring all-reduce's volume together."""
+    def shard_collective_s(self, nbytes: float, kind: str = "all-gather") -> float:
+        """Return the time of one all-gather or reduce-scatter (``kind``) of ``nbytes`` unsharded bytes:
+        measured (:attr:`shard_costs`) where calibrated, else the ring's ``call_s + (n-1)·alpha +
+        (n-1)/n · nbytes / bandwidth``, by which an all-gather and a reduce-scatter of the same
+        bytes move one ring all-reduce's volume together. Affine with a non-negative intercept
+        either way (the sharded lower bound relies on it)."""
         n = self.world_size
         if n == 1:
             return 0.0
+        for name, fixed, per_byte in self.shard_costs or ():
+            if name == kind:
+                return fixed + per_byte * nbytes
         return self.call_s + (n - 1) * self.latency_s + (n - 1) / n * nbytes / self.bandwidth_Bps
 
     def to_json(self) -> dict[str, Any]:
@@ -188,7 +200,8 @@ class Cluster:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Cluster:
         """Rebuild a cluster from :meth:`to_json` output."""
-        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference", "backend"}
+        known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference", "backend",
+                 "shard_costs"}
         if not isinstance(data, dict) or "world_size" not in data or "bandwidth_Bps" not in data:
             raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -304,6 +317,45 @@ class FitQuality:
     worst_residual: float
     worst_size_bytes: float
     num_points: int
+
+
+def fit_shard_cost(sizes_bytes: Iterable[float], times_s: Iterable[float]) -> tuple[float, float]:
+    """Fit ``time = fixed + per_byte * size`` to a sweep of one collective, as plans use it: on the sizes
+    from 1 MiB up where at least two are (units are megabytes; below a link's burst small sizes run
+    faster than its rate), least squares, the intercept at least 0 (else the line through the origin).
+
+    Example:
+        >>> fit_shard_cost([1 << 20, 4 << 20, 16 << 20], [0.021, 0.081, 0.321])
+        (0.001, 1.9073486328125e-08)
+    """
+    points = sorted(zip(sizes_bytes, times_s))
+    large = [(b, t) for b, t in points if b >= 1 << 20]
+    points = large if len(large) >= 2 else points
+    if len(points) < 2:
+        raise SchedoptError("fitting a collective's cost needs at least two sizes")
+    xs, ys = [b for b, _ in points], [t for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else my / max(mx, 1.0)
+    fixed = my - slope * mx
+    if fixed < 0 or slope <= 0:
+        fixed, slope = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return (round(fixed, 9), slope)
+
+
+def _shard_costs(value: Any) -> tuple[tuple[str, float, float], ...]:
+    """``shard_costs`` as sorted ``(kind, fixed_s, s_per_byte)`` triples, checked."""
+    items = value.items() if isinstance(value, Mapping) else [(v[0], v[1:]) for v in value]
+    out = []
+    for kind, cost in items:
+        fixed, per_byte = (float(c) for c in cost)
+        if kind not in ("all-gather", "reduce-scatter"):
+            raise SchedoptError(f"shard_costs: unknown collective {kind!r}; valid: all-gather, reduce-scatter")
+        if not (0 <= fixed <= MAX_LATENCY_S and 0 < per_byte < 1 and math.isfinite(per_byte)):
+            raise UnitError(f"shard_costs: {kind} needs 0 <= fixed_s <= {MAX_LATENCY_S:g} and a positive "
+                            f"seconds per byte, got {list(cost)!r}")
+        out.append((kind, fixed, per_byte))
+    return tuple(sorted(out))
 
 
 def fit_quality(cluster: Cluster, sizes_bytes: Iterable[float], times_s: Iterable[float]) -> FitQuality:

@@ -16,7 +16,8 @@ for each all-gather it sends unless the plan issues them asynchronously (``async
 ``nccl`` both run on their own streams and the stream waits only where an op needs its unit.
 
 The optimizer runs once the backward and every reduce-scatter are done. Costs: one all-gather or
-reduce-scatter of B unsharded bytes takes :meth:`schedopt.cluster.Cluster.shard_collective_s`.
+reduce-scatter of B unsharded bytes takes :meth:`schedopt.cluster.Cluster.shard_collective_s` (measured
+per kind where ``schedopt calibrate`` measured them).
 
 Memory per rank, parameters and gradients (activations are the same for every plan and left out):
 the shards of every unit always (``sum B_i / n``), plus a unit's unsharded parameters from the
@@ -118,7 +119,8 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
     ends: dict[tuple[str, int], float] = {}
 
     def send(kind: str, i: int, at: float) -> float:
-        issued, start, end = machine.send(at, cluster.shard_collective_s(geometry.nbytes[i]))
+        cost = cluster.shard_collective_s(geometry.nbytes[i], "reduce-scatter" if kind == RS else "all-gather")
+        issued, start, end = machine.send(at, cost)
         step.collectives.append((kind, i, issued, start, end))
         ends[(kind, i)] = end
         return end
@@ -203,17 +205,19 @@ def sharded_lower_bound(problem: Problem) -> float:
             first_read.setdefault(name, j)
         for name in op.grads:
             last_grad[name] = j
-    cost, nbytes = cluster.shard_collective_s, {p: graph.params[p].nbytes for p in graph.params}
+    nbytes = {p: graph.params[p].nbytes for p in graph.params}
+    gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
+    scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
-    forward = max([after[0] - after[backward]] + [cost(b) + after[j] - after[backward]
+    forward = max([after[0] - after[backward]] + [gather(b) + after[j] - after[backward]
                                                   for j, b in _running_bytes(first_read, nbytes)])
-    backward_s = max([after[backward]] + [after[backward] - after[k + 1] + cost(b)
+    backward_s = max([after[backward]] + [after[backward] - after[k + 1] + scatter(b)
                                           for k, b in _running_bytes(last_grad, nbytes, reverse=True)])
     gap = 0.0
     if first_read and last_grad:
         q, g1 = max(first_read.values()), min(last_grad.values())
         gap = max(0.0, after[q] - after[g1 + 1])
-    channel = cost(graph.total_param_bytes) * 2 + gap
+    channel = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + gap
     return t_opt + max(compute, forward + backward_s, channel)
 
 

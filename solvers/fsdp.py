@@ -156,7 +156,7 @@ def size_cap_bytes(problem: Problem) -> int:
     if n == 1:
         return MAX_CAP_BYTES
     fixed = cluster.shard_collective_s(0.0)
-    per_byte = (n - 1) / n / cluster.bandwidth_Bps
+    per_byte = cluster.shard_collective_s(1e9) / 1e9 - fixed / 1e9  # the all-gather's, measured or the ring's
     return int(min(max(10 * fixed / per_byte, MIN_CAP_BYTES), MAX_CAP_BYTES))
 
 

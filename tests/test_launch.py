@@ -32,6 +32,9 @@ def test_calibrate_fits_a_cluster_on_real_gloo_ranks(tmp_path):
     cluster.save(path, calibration=first["json"])
     assert Cluster.load(path) == cluster
     assert json.loads(path.read_text())["calibration"]["backend"] == "gloo"
+    # FSDP2's collectives, measured on their own: the cluster's sharded costs are gloo's, not the ring's
+    assert cluster.backend == "gloo" and [k for k, *_ in cluster.shard_costs] == ["all-gather", "reduce-scatter"]
+    assert all(fixed >= 0 and per_byte > 0 for _, fixed, per_byte in cluster.shard_costs)
 
 
 def test_calibrate_outside_torchrun_says_how_to_run_it(capsys, monkeypatch):

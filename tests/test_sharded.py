@@ -132,17 +132,20 @@ def sharded_cases(draw):
     cluster = Cluster(world_size=draw(st.sampled_from([2, 8, 64])),
                       bandwidth_Bps=draw(st.sampled_from([1e9, 12.5e9, 100e9])),
                       latency_s=draw(st.sampled_from([0.0, 5e-6, 50e-6])), call_s=draw(st.sampled_from([0.0, 1e-5])),
-                      interference=draw(st.sampled_from([0.0, 0.3])))
-    return Problem(graph=graph, cluster=cluster, mode="sharded"), units
+                      interference=draw(st.sampled_from([0.0, 0.3])), backend=draw(st.sampled_from(["nccl", "gloo"])),
+                      shard_costs=draw(st.sampled_from([None, {"all-gather": [1e-4, 2e-8], "reduce-scatter": [5e-4, 4e-8]},
+                                                        {"reduce-scatter": [0.0, 1e-7]}])))
+    return Problem(graph=graph, cluster=cluster, mode="sharded"), units, draw(st.booleans())
 
 
 @settings(max_examples=300, deadline=None)
 @given(sharded_cases())
 def test_the_sharded_bound_never_exceeds_a_plan(case):
-    problem, units = case
+    problem, units, async_unshard = case
     from schedopt.orders import engine_order
 
-    plan = Plan.for_problem(problem, order=engine_order(problem.graph), units=units, solver=SolverInfo(name="random"))
+    plan = Plan.for_problem(problem, order=engine_order(problem.graph), units=units, solver=SolverInfo(name="random"),
+                            async_unshard=async_unshard)
     t = simulate(problem, plan)
     assert t.lower_bound_s <= t.iteration_s * (1 + 1e-9)
     assert t.peak_memory_bytes >= problem.graph.total_param_bytes / problem.cluster.world_size

@@ -134,7 +134,8 @@ class _Model:
                  budget: float | None) -> None:
         self.problem, self.data, self.options, self.tick, self.budget = problem, data, options, tick_s, budget
         self.m = cp_model.CpModel()
-        self.cost = lambda nbytes: max(1, round(problem.cluster.shard_collective_s(nbytes) / tick_s))
+        self.cost = lambda nbytes, kind="all-gather": max(1, round(problem.cluster.shard_collective_s(nbytes, kind)
+                                                                   / tick_s))
         self.issue: dict[tuple[int, int], list[tuple[Any, Any, int, int]]] = {}  # point -> (order key, lit, dur, id)
         self.waits: dict[tuple[int, int], list[tuple[int, Any]]] = {}  # point -> (collective id, lit)
         self.mem: list[tuple[tuple[int, int], tuple[int, int], int, Any]] = []  # (from, to, bytes, lit)
@@ -146,10 +147,10 @@ class _Model:
         self._time()
         self._memory()
 
-    def _coll(self, point, key, lit, nbytes) -> int:
+    def _coll(self, point, key, lit, nbytes, kind: str = "all-gather") -> int:
         cid = self.n_coll
         self.n_coll += 1
-        self.issue.setdefault(point, []).append((key, lit, self.cost(nbytes), cid))
+        self.issue.setdefault(point, []).append((key, lit, self.cost(nbytes, kind), cid))
         return cid
 
     def _choices(self) -> None:
@@ -192,7 +193,7 @@ class _Model:
                 self.waits.setdefault(_before(sp.backward_first), []).append((cid, lit))
                 self.mem.append((point, _after(sp.backward_last), c.nbytes, lit))
             m.Add(sum(self.b[k, q] for q in bqs) == resharded)
-            rs = self._coll(_after(sp.backward_last), (2, -c.first), self.x[k], c.nbytes)
+            rs = self._coll(_after(sp.backward_last), (2, -c.first), self.x[k], c.nbytes, "reduce-scatter")
             self.g[k] = []
             for step in range(o.grad_window + 1):
                 lit = m.NewBoolVar(f"g[{k},{step}]")
@@ -205,23 +206,27 @@ class _Model:
         at the end of the backward; each atom in it is one more part of its collectives (bandwidth only)."""
         d = self.data
         n = self.problem.cluster.world_size
-        beta = lambda nbytes: round((n - 1) / n * nbytes / self.problem.cluster.bandwidth_Bps / self.tick)
+        cluster = self.problem.cluster
+        beta = lambda nbytes, kind: round((cluster.shard_collective_s(nbytes, kind) - cluster.shard_collective_s(0, kind))
+                                          / self.tick)
         one = self.m.NewConstant(1)
-        parts = [(one, d.root_bytes, self.cost(d.root_bytes), d.root_span.grad_first if d.root_span else None)]
+        parts = [(one, d.root_bytes, (self.cost(d.root_bytes), self.cost(d.root_bytes, "reduce-scatter")),
+                  d.root_span.grad_first if d.root_span else None)]
         singles = {c.first: c for c in d.candidates if c.first == c.last}
-        parts += [(self.in_root[a], singles[a].nbytes, beta(singles[a].nbytes), singles[a].span.grad_first)
-                  for a in sorted(self.in_root)]
+        parts += [(self.in_root[a], singles[a].nbytes,
+                   (beta(singles[a].nbytes, "all-gather"), beta(singles[a].nbytes, "reduce-scatter")),
+                   singles[a].span.grad_first) for a in sorted(self.in_root)]
         rs_point = _after(d.root_span.backward_last if d.root_span else d.n_ops - 1)
         for j, (lit, nbytes, dur, grad_first) in enumerate(parts):
             if not nbytes:
                 continue
             cid = self.n_coll
             self.n_coll += 1
-            self.issue.setdefault(_before(0), []).append(((-1, j), lit, dur, cid))
+            self.issue.setdefault(_before(0), []).append(((-1, j), lit, dur[0], cid))
             self.waits.setdefault(_before(0), []).append((cid, lit))
             self.mem.append((_before(0), self.end_bwd, nbytes, lit))
             self.mem.append((_before(grad_first), self.end_bwd, nbytes, lit))
-            self.issue.setdefault(rs_point, []).append(((2, 1, j), lit, dur, self.n_coll))
+            self.issue.setdefault(rs_point, []).append(((2, 1, j), lit, dur[1], self.n_coll))
             self.n_coll += 1
 
     def _points(self) -> None:
