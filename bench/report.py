@@ -65,10 +65,12 @@ class TestbedRow:
     predicted_s: float
     speedup_vs: dict[str, float]  # per other mode: the median over rounds of its period over this one's
     by_period: bool  # False: an old result without kept steps (the slower rank's median step)
+    baseline: str = "ddp"  # what the speedup is over: DDP, or FSDP2 per block for sharded runs
+    peaks: tuple[float, float] | None = None  # sharded: (measured, predicted) peak bytes per rank
 
     @property
     def speedup(self) -> float:
-        return self.speedup_vs["ddp"]
+        return self.speedup_vs[self.baseline]
 
     @property
     def error(self) -> float:
@@ -80,16 +82,19 @@ def testbed_rows(name: str) -> list[TestbedRow]:
     rows = rows_of(load(f"{name}.json"))
     kept = RESULTS / "runs" / f"{name}{SUFFIX}"
     periods = periods_of(kept_runs(read_kept(kept))) if kept.is_file() else {}
+    base = "ddp" if any(r["mode"] == "ddp" for r in rows) else "fsdp"
     out = []
     for r in rows:
         mode = r["mode"]
-        if mode in periods and "ddp" in periods:
+        peaks = (r["measured_peak_bytes"], r["predicted_peak_bytes"]) if r.get("measured_peak_bytes") else None
+        if mode in periods and base in periods:
             vs = {other: round_ratio(periods[other], periods[mode]) for other in periods}
-            out.append(TestbedRow(mode, r["solver"], statistics.median(periods[mode]), r["predicted_s"], vs, True))
+            out.append(TestbedRow(mode, r["solver"], statistics.median(periods[mode]), r["predicted_s"], vs, True,
+                                  base, peaks))
         else:
             measured = r.get("measured_s", r.get("measured_median_s"))
-            vs = {"ddp": r["speedup_vs_ddp"], **r.get("speedup_vs", {})}
-            out.append(TestbedRow(mode, r["solver"], measured, r["predicted_s"], vs, False))
+            vs = {base: r[f"speedup_vs_{base}"], **r.get("speedup_vs", {})}
+            out.append(TestbedRow(mode, r["solver"], measured, r["predicted_s"], vs, False, base, peaks))
     return out
 
 
@@ -110,9 +115,13 @@ def testbed_section() -> list[str]:
         first = rows_of(load(f"{name}.json"))[0]
         model = first["model"].rpartition(":")[2]
         lines += [f"### {name}", "", f"{model} at {first['rate']}.", ""]
-        lines += table(["mode", "plan", "ms/step", "predicted", "error", "vs DDP"], [
+        rows = testbed_rows(name)
+        sharded = rows[0].baseline == "fsdp"
+        lines += table(["mode", "plan", "ms/step", "predicted", "error", "vs FSDP2 per block" if sharded else "vs DDP",
+                        *(["peak MiB measured / predicted"] if sharded else [])], [
             [r.mode, r.solver, ms(r.period_s) + ("" if r.by_period else "*"), ms(r.predicted_s),
-             f"{r.error:+.1%}", f"{r.speedup:.3f}x"] for r in testbed_rows(name)])
+             f"{r.error:+.1%}", f"{r.speedup:.3f}x",
+             *([f"{r.peaks[0] / 2**20:.1f} / {r.peaks[1] / 2**20:.1f}"] if sharded else [])] for r in rows])
         lines.append("")
     return lines
 
@@ -264,7 +273,8 @@ def _row(name: str, mode: str) -> TestbedRow:
 
 def _testbed_headline(what: str, name: str, mode: str, against: str | None = None) -> list[str]:
     row = _row(name, mode)
-    return [what, f"{row.speedup_vs[against or 'ddp']:.3f}x {against or 'DDP'}, predicted {row.error:+.1%}",
+    names = {None: "DDP", "fsdp": "FSDP2 per block"}
+    return [what, f"{row.speedup_vs[against or 'ddp']:.3f}x {names.get(against, against)}, predicted {row.error:+.1%}",
             f"`{name}`"]
 
 
@@ -295,6 +305,8 @@ def headline_rows() -> list[list[str]]:
                           "overlap"),
         _testbed_headline("ResNet-18, compiled runtime with a free-order plan, over torch.compile + DDP (measured)",
                           "testbed_resnet18_550mbit_compiled_order", "compiled", "compiled-ddp"),
+        _testbed_headline("gpt_tied, a cpsat sharded plan through FSDP2 over FSDP2 per block, within its memory, "
+                          "2 ranks at 400 Mbit/s (measured)", "testbed_gpt_tied_400mbit_sharded", "sharded", "fsdp"),
         ["OSP's accuracy, 2 ranks (digits test accuracy; text validation loss)",
          f"digits {(acc['digits', 'osp'] - acc['digits', 'ddp']) * 100:+.2f} pt, text "
          f"{(acc['text', 'osp'] - acc['text', 'ddp']) / acc['text', 'ddp']:+.2%} against DDP; overlap mode equal "

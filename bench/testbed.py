@@ -500,7 +500,7 @@ def predict(plan, graph, cluster, *, engine: bool = False):
 
 #: What ``--json`` keeps of each run's ``examples/train.py --json`` (in ``runs/NAME/`` beside the rows).
 RUN_FIELDS = ("kind", "model", "plan", "world_size", "period_s", "step_s", "rank_step_s", "median_s", "rank0_phases_s",
-              "rank0_wait_s")
+              "rank0_wait_s", "rank0_peak_bytes", "rank0_collectives")
 
 
 def _run_files(directory: Path) -> list[tuple[str, int, Path]]:
@@ -567,8 +567,9 @@ def recompute(dirs: list[str]) -> int:
             print(f"testbed: cannot read {directory}: {exc}", file=sys.stderr)
             return 2
         runs = kept_runs(files)
-        if "ddp" not in runs:
-            print(f"testbed: {directory} holds no ddp runs (MODE.ROUND.json from examples/train.py --json)",
+        base = next((b for b in BASELINES if b in runs), None)
+        if base is None:
+            print(f"testbed: {directory} holds no ddp or fsdp runs (MODE.ROUND.json from examples/train.py --json)",
                   file=sys.stderr)
             return 2
         here = Path(directory)
@@ -583,7 +584,8 @@ def recompute(dirs: list[str]) -> int:
         rounds = sorted(set.intersection(*(set(r) for r in runs.values())))
         periods = periods_of(runs)
         per_step = {m: [statistics.median(runs[m][k]["step_s"]) for k in rounds] for m in runs}
-        for mode in sorted(runs, key=lambda m: (m != "ddp", m)):
+        label = "DDP" if base == "ddp" else "FSDP2 per block"
+        for mode in sorted(runs, key=lambda m: (m != base, m)):
             measured = statistics.median(periods[mode])
             row = predicted.get(mode)
             against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
@@ -593,12 +595,12 @@ def recompute(dirs: list[str]) -> int:
                 against += f", today {now * 1e3:.1f} ({(now - measured) / measured:+.1%})"
             each = "/".join(f"{t * 1e3:.0f}" for t in periods[mode])
             print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {each}), "
-                  f"{round_ratio(periods['ddp'], periods[mode]):.3f}x DDP{against}; by the slower rank's median step "
-                  f"{statistics.median(per_step[mode]) * 1e3:.1f} ms, "
-                  f"{round_ratio(per_step['ddp'], per_step[mode]):.3f}x")
-            if len(runs) > 2 and mode != "ddp":
+                  f"{round_ratio(periods[base], periods[mode]):.3f}x {label}{against}; by the slower rank's median "
+                  f"step {statistics.median(per_step[mode]) * 1e3:.1f} ms, "
+                  f"{round_ratio(per_step[base], per_step[mode]):.3f}x")
+            if len(runs) > 2 and mode != base:
                 print("    " + ", ".join(f"{round_ratio(periods[o], periods[mode]):.3f}x {o}" for o in runs
-                                         if o not in ("ddp", mode)))
+                                         if o not in (base, mode)))
     return 0
 
 
