@@ -177,7 +177,7 @@ def test_testbed_recompute_measures_runs_by_their_period(tmp_path, capsys):
     assert testbed.recompute([str(runs)]) == 0
     assert "cpsat, predicted 700.0 (-12.5%)" in capsys.readouterr().out
     assert testbed.recompute([str(tmp_path)]) == 2  # no runs there
-    assert "holds no ddp runs" in capsys.readouterr().err
+    assert "holds no ddp or fsdp runs" in capsys.readouterr().err
 
 
 def test_testbed_recompute_predicts_kept_plans_on_todays_engine_order(tmp_path, capsys):
