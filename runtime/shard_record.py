@@ -11,17 +11,20 @@ defaults do, and notes, by the host's clock from the step's start,
 - the unsharded parameter and gradient bytes the model held, sampled before and after every
   unit's forward, at every all-gather and at every reduce-scatter: a parameter FSDP2 has
   unsharded is a plain tensor registered on its module (sharded ones are DTensors) and its
-  gradient lives on it until its unit's post-backward. Two moments need one known figure each: an
-  all-gather's output buffer is counted from its call (the parameters are registered only when
-  the forward or backward first waits for it), and at a reduce-scatter, whose post-backward hook
+  gradient lives on it until its unit's post-backward. An all-gather's output buffer is counted
+  while it lives (a prefetched unit's parameters are registered only when the forward or backward
+  first waits for it, and FSDP2 then drops the buffer). At a reduce-scatter, whose post-backward hook
   has just taken the unit's gradients off its parameters and resharded them, the unit's
   gradients (the reduce-scatter's input) and its parameters (the all-gather's output size, held
   until that instant) are added to what is seen. The peak is reported as the simulator reports
-  it: this rank's shards plus the largest sample. One thing it cannot see: a parameter read twice in
-  the forward (a tied embedding) gets its gradient's first part from the first backward op that
-  reaches it, and the autograd engine holds that part in its own buffer until the last part
-  arrives; the sampler sees the gradient only from then (gpt_tied under FSDP2 per block: 26.7 MiB
-  measured against 35.7 predicted, the embedding's 8.3 MiB gradient held through the backward).
+  it: this rank's shards plus the largest sample. A parameter read by several ops (a tied
+  embedding) gets its gradient's first part from the first backward op that reaches it, and the
+  autograd engine holds the parts in its own buffer until the last arrives: after each forward
+  the recorder walks the autograd graph from the root's output, finds the parameters with more
+  than one consumer, and hooks those consumers, so that such a gradient counts from its first
+  part, as the simulator counts it, until it lands on ``.grad`` (without this, gpt_tied under
+  FSDP2 per block measured 26.7 MiB against 35.7 predicted: its 8.3 MiB embedding gradient, held
+  through the backward, was out of sight).
 
 A step begins at the root module's forward. :attr:`ShardRecorder.steps` holds them.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -81,6 +85,10 @@ class ShardRecorder:
         self.steps: list[ShardStepRecord] = []
         self._lock = threading.Lock()  # futures complete on the backend's threads
         self._managed = self._managed_names()
+        #: ids of parameters whose gradient has begun in the autograd engine but is not on ``.grad`` yet
+        self._pending: set[int] = set()
+        #: all-gather outputs not yet copied out into their unit's parameters (a prefetched unit's)
+        self._gathered: list[weakref.ref] = []
         #: the bytes of this rank's shards of every parameter (constant)
         self.shard_bytes = sum(_nbytes(p.to_local()) for p in root.parameters() if isinstance(p, DTensor))
 
@@ -111,6 +119,11 @@ class ShardRecorder:
             held += _nbytes(p)
             if p.grad is not None and not isinstance(p.grad, DTensor):
                 held += _nbytes(p.grad)
+            elif id(p) in self._pending:  # its gradient's first parts, in the autograd engine's buffer
+                held += _nbytes(p)
+        alive = [ref() for ref in self._gathered]
+        self._gathered = [ref for ref, t in zip(self._gathered, alive) if t is not None]
+        held += sum(_nbytes(t) for t in alive if t is not None)
         step = self.steps[-1]
         step.unsharded_peak_bytes = max(step.unsharded_peak_bytes, held)
 
@@ -147,9 +160,36 @@ class ShardRecorder:
         gather.twin = scatter
         return gather, scatter
 
+    def watch_shared_gradients(self, _module: Any, _args: Any, output: Any) -> None:
+        """After the root's forward: hook the consumers of every parameter that more than one op reads,
+        so that its gradient counts from its first part (see the module docstring)."""
+        self._pending.clear()
+        roots = [t.grad_fn for t in torch.utils._pytree.tree_leaves(output)
+                 if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        consumers: dict[Any, list[Any]] = {}  # AccumulateGrad node -> the nodes that feed it
+        seen, stack = set(roots), list(roots)
+        while stack:
+            node = stack.pop()
+            for child, _ in node.next_functions:
+                if child is None:
+                    continue
+                if hasattr(child, "variable"):
+                    consumers.setdefault(child, []).append(node)
+                elif child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        for leaf, feeding in consumers.items():
+            if len(feeding) > 1 and leaf.variable.requires_grad:
+                key = id(leaf.variable)
+                for node in feeding:
+                    node.register_hook(lambda *_, key=key: self._pending.add(key))
+                leaf.register_prehook(lambda *_, key=key: self._pending.discard(key))  # summed: onto .grad
+
     def attach(self) -> None:
-        """Hook the root's forward (a step begins) and every unit's forward and backward edges (samples)."""
+        """Hook the root's forward (a step begins; shared parameters' consumers) and every unit's
+        forward and backward edges (samples)."""
         self.root.register_forward_pre_hook(self.begin_step, prepend=True)
+        self.root.register_forward_hook(self.watch_shared_gradients)
         for modules in self.unit_modules:
             for m in modules:
                 m.register_forward_pre_hook(lambda *_: self.sample())
@@ -175,7 +215,8 @@ class _RecordedAllGather(_Recorded, AllGather):
         start = rec.steps[-1].start if rec.steps else 0.0
         work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
         rec._ended(entry, work if async_op else None, start)
-        rec.sample(extra=_nbytes(output_tensor))
+        rec._gathered.append(weakref.ref(output_tensor))  # held until FSDP2 copies it out and drops it
+        rec.sample()
         self.twin.gathered_bytes = _nbytes(output_tensor)
         return work
 

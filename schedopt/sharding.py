@@ -139,12 +139,25 @@ class Geometry:
         empty: dict[str, list[int]] = {"forward": [], "backward": [], "grads": []}
         fwd = [j for p in unit.params for j in self._touches.get(p, empty)["forward"]]
         bwd = [j for p in unit.params for j in self._touches.get(p, empty)["backward"]]
-        grads = [j for p in unit.params for j in self._touches.get(p, empty)["grads"]]
+        grads = [self._gradient_start(self._touches.get(p, empty)) for p in unit.params]
+        grads = [j for j in grads if j is not None]
         if unit.is_root or not fwd:
             fwd = [0, self.backward_start - 1] if unit.is_root else [0]
         first_bwd = self.backward_start if unit.is_root else min(bwd)
         return UnitSpan(forward_first=min(fwd), forward_last=max(fwd), backward_first=first_bwd,
                         grad_first=min(grads), backward_last=max(bwd))
+
+    @staticmethod
+    def _gradient_start(touch: dict[str, list[int]]) -> int | None:
+        """Where a parameter's unsharded gradient comes into being: the op that finishes it; for one read
+        by several forward ops (a tied embedding), the first backward op that touches it, since the
+        backward of its last read makes the first part, which autograd holds until the last arrives."""
+        if not touch["grads"]:
+            return None
+        first = min(touch["grads"])
+        if len(touch["forward"]) > 1 and touch["backward"]:
+            first = min(first, min(touch["backward"]))
+        return first
 
     def forward_issue(self, i: int) -> int:
         """The op before which ``AG_f(i)`` is issued."""
