@@ -24,7 +24,8 @@ the shards of every unit always (``sum B_i / n``), plus a unit's unsharded param
 issue of its all-gather (when FSDP2 allocates the output) to its reshard (after its forward when
 ``reshard_after_forward``, else at its post-backward; a backward all-gather's until the
 post-backward, where FSDP2 reshards after backward), plus its unsharded gradient from the start of
-its first gradient op to the end of its reduce-scatter. At one instant frees count before
+its first gradient op (for a parameter several forward ops read, its first backward touch: autograd
+holds the first part until the last arrives) to the end of its reduce-scatter. At one instant frees count before
 allocations. The timeline reports the peak, when it occurs and what is alive then.
 """
 

@@ -109,6 +109,35 @@ def test_on_gloo_the_host_waits_for_reduce_scatters_and_synchronous_all_gathers(
     assert simulate(problem, replace(plan, async_unshard=False)).iteration_s == pytest.approx(15 * MS)
     assert simulate(problem, plan).lower_bound_s <= 13 * MS
 
+
+def test_a_tied_weight_s_gradient_counts_from_the_backward_of_its_last_read():
+    """e.w is read first (an embedding) and last (a tied head): the backward of the head makes its
+    gradient's first part, which autograd holds until the embedding's backward finishes it, so the
+    simulator counts e.w's gradient from b2 (its first backward touch), not from b0."""
+    ops = [Op(id="f0", kind="embedding", phase="forward", duration_s=MS, reads=("e.w",)),
+           Op(id="f1", kind="linear", phase="forward", duration_s=MS, reads=("l.w",)),
+           Op(id="f2", kind="linear", phase="forward", duration_s=MS, reads=("e.w",)),
+           Op(id="b2", kind="linear.backward", phase="backward", duration_s=2 * MS, reads=("e.w",)),
+           Op(id="b1", kind="linear.backward", phase="backward", duration_s=2 * MS, reads=("l.w",), grads=("l.w",)),
+           Op(id="b0", kind="embedding.backward", phase="backward", duration_s=2 * MS, grads=("e.w",)),
+           Op(id="opt", kind="sgd", phase="optimizer")]
+    edges = [("f0", "f1"), ("f1", "f2"), ("f2", "b2"), ("b2", "b1"), ("b1", "b0"), ("b0", "opt")]
+    params = [Param(name="e.w", shape=(1000,), grad_op="b0"), Param(name="l.w", shape=(1000,), grad_op="b1")]
+    graph = TrainGraph(name="tied", ops=ops, edges=edges, params=params, grad_order=["l.w", "e.w"],
+                       modules=ModuleTree.from_param_names(["e.w", "l.w"]))
+    problem = Problem(graph=graph, cluster=TWO, mode="sharded")
+    units = [Unit(modules=("",), params=("e.w",), reshard_after_forward=False, prefetch_backward=0),
+             Unit(modules=("l",), params=("l.w",), reshard_after_forward=False, prefetch_backward=0)]
+    plan = Plan.for_problem(problem, order=["f0", "f1", "f2", "b2", "b1", "b0", "opt"], units=units,
+                            solver=SolverInfo(name="hand"))
+    from schedopt.shard_sim import run_sharded_step
+
+    step = run_sharded_step(graph, plan, TWO)
+    born = [t for t, delta, what in step.memory_deltas if what == "unit 0 gradients" and delta > 0]
+    assert born == [step.op_start[3]]  # b2's start
+    # while b1 runs: the shards (4000), both units' parameters (8000), e.w's and l.w's gradients (8000)
+    assert step.peak()[0] == pytest.approx(20000)
+
 def test_one_unit_without_reshard_moves_one_all_reduce_volume():
     graph = chain(4)
     cluster = Cluster(world_size=8, bandwidth_Bps=12.5e9, latency_s=0.0)
