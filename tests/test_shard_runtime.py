@@ -34,6 +34,7 @@ def problem_of(name: str, world: int = 2, **kw) -> Problem:
     return Problem(graph=graph_of(name), cluster=Cluster.preset("10gbe", world_size=world), mode="sharded", **kw)
 
 
+@functools.cache
 def solved(name: str, solver: str, world: int = 2) -> Plan:
     return get(solver)(problem_of(name, world), **({"time_limit_s": 3} if solver == "cpsat" else {}))
 
