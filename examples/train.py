@@ -80,6 +80,35 @@ def batch(example: tuple, generator: torch.Generator, device: torch.device) -> t
     return tuple(out)
 
 
+class _NoProfiler:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+    def step(self) -> None:
+        pass
+
+
+def profiler_for(args, rank: int, cuda: bool):
+    """torch.profiler over the last measured steps (``--profile DIR``: DIR/rank{R}.json), or nothing.
+
+    The schedule skips the warm-up steps and all but the last few measured ones, warms the profiler up
+    for one step, then records up to 3 (``ProfilerStep#N`` spans: what ``schedopt diagnose`` reads)."""
+    if not args.profile:
+        return _NoProfiler()
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    Path(args.profile).mkdir(parents=True, exist_ok=True)
+    active = max(1, min(3, args.steps - 1))
+    skip = args.warmup + max(0, args.steps - active - 1)
+    return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])],
+                   schedule=schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1),
+                   record_shapes=True,  # the collectives' sizes
+                   on_trace_ready=lambda p: p.export_chrome_trace(str(Path(args.profile) / f"rank{rank}.json")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="example model name (resnet18, gpt_tied, ...) or file.py:factory")
@@ -99,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads per rank (default: torch's)")
     parser.add_argument("--json", help="rank 0 writes the per-step times (every rank's) here")
     parser.add_argument("--quiet", action="store_true", help="no per-step lines")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="write a Chrome trace per rank (DIR/rank{R}.json) of the last measured steps "
+                             "(torch.profiler: wait 1, warm-up 1, then active; read it with schedopt diagnose)")
     args = parser.parse_args(argv)
 
     from schedopt.errors import SchedoptError
@@ -148,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         waits: list[float] = []  # overlap mode: time the forward waited for the network, per step
         settles: list[list] = []  # and each settle: bucket, where, what, waited (s)
         phases: list[list[float]] = []  # rank 0, per measured step: forward, backward, optimizer (s, host clock)
+        profiler = profiler_for(args, rank, cuda)
+        profiler.__enter__()
         for step, x in enumerate(batches):
             if cuda:
                 torch.cuda.synchronize()
@@ -171,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0 and not args.quiet:
                 label = "warm-up" if step < args.warmup else "step"
                 print(f"{label} {step:3d}  loss {loss.item():.4f}", flush=True)
+            profiler.step()
+        profiler.__exit__(None, None, None)
         getattr(ddp_model, "flush", lambda: None)()  # overlap mode: the last step's updates
         recorder = records(ddp_model)  # sharded: FSDP2's collectives and memory, per step
         sharded = [] if recorder is None else recorder.steps[args.warmup:args.warmup + args.steps]

@@ -302,7 +302,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 #: The options that name a file a command writes; ``--out`` names a directory.
-_FILE_OUTPUTS = ("output", "trace", "gantt", "plot")
+_FILE_OUTPUTS = ("output", "trace", "gantt", "plot", "json")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -370,6 +370,23 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         first = b.params[0] + (f" .. {b.params[-1]}" if len(b.params) > 1 else "")
         chunks = f" x{b.chunks}" if b.chunks > 1 else ""
         print(f"  {k:>3}  {len(b.params):>4} params  {size:>9}{chunks}  {first}")
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import diagnose, format_report, plot_step
+    from .kineto import load_traces
+
+    traces = load_traces(args.traces)
+    report = diagnose(traces)
+    if args.json:
+        write_json_atomic(args.json, report.to_json())
+    if args.format == "json":
+        print(dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    if args.plot:
+        plot_step(report, traces, args.plot)
     return 0
 
 
@@ -554,6 +571,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(p)
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.set_defaults(run=_cmd_inspect)
+
+    p = sub.add_parser("diagnose", help="read torch.profiler traces (one per rank): what the run's communication "
+                                        "exposed, per step, and why")
+    p.add_argument("traces", nargs="+", help="trace files (Chrome/Kineto JSON, .json.gz) or a directory of them")
+    p.add_argument("--json", help=f"also write the diagnosis here (schema {'schedopt.diagnosis/1'})")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--plot", help="draw one step of every rank, the exposed communication marked (PNG)")
+    p.set_defaults(run=_cmd_diagnose)
 
     p = sub.add_parser("compare", help="run several solvers on one model and cluster")
     p.add_argument("model", help="model: graph JSON, .onnx, or path/to/file.py:factory")

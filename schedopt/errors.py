@@ -9,6 +9,7 @@ __all__ = [
     "GraphImportError",
     "InvalidPlanError",
     "MemoryBudgetError",
+    "TraceError",
     "PlanMismatchError",
     "SolverError",
     "UnusedParameterError",
@@ -45,6 +46,10 @@ class PlanMismatchError(InvalidPlanError):
 
 class MemoryBudgetError(InvalidPlanError):
     """A sharded plan would hold more memory per rank than its budget on the live run."""
+
+
+class TraceError(SchedoptError, ValueError):
+    """A profiler trace cannot be read, or traces of different runs were mixed."""
 
 
 class SolverError(SchedoptError):
