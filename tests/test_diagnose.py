@@ -1,0 +1,137 @@
+"""schedopt diagnose: interval arithmetic against brute force, a CUDA-format trace by hand, a real CPU
+trace of 2 gloo ranks, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schedopt.cli import main
+from schedopt.diagnose import diagnose
+from schedopt.errors import TraceError
+from schedopt.intervals import covered, covered_union, length, union
+from schedopt.kineto import load_traces
+
+ROOT = Path(__file__).resolve().parents[1]
+
+spans = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 15)).map(lambda t: (t[0], t[0] + t[1])), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(compute=spans, comm=spans)
+def test_overlap_share_and_exposed_time_equal_a_brute_force_count(compute, comm):
+    """On a unit grid: busy cells of each, cells of comm that compute also covers (hidden), the rest exposed."""
+    cells = lambda ivs: {x for a, b in ivs for x in range(a, b)}  # noqa: E731
+    busy, talk = cells(compute), cells(comm)
+    u_compute, u_comm = union(compute), union(comm)
+    assert length(u_compute) == len(busy) and length(u_comm) == len(talk)
+    assert covered_union(u_compute, u_comm) == len(busy & talk)
+    for a, b in comm:
+        assert covered(u_compute, (a, b)) == len(busy & set(range(a, b)))
+
+
+def _kineto(rank: int, events: list[dict]) -> dict:
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+            "traceEvents": events}
+
+
+def cuda_trace(rank: int) -> dict:
+    """One 10 ms step (times in us): compute kernels on stream 7 at 0-4 and 5-9 ms; NCCL kernels on stream
+    20, launched at 3.0 and 8.0 ms (correlation ids 11, 12), running 3-6 ms (1 MiB) and 8-10 ms (4 MiB)."""
+    x = lambda name, cat, ts, dur, tid, **args: {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid,  # noqa
+                                                  "ts": ts, "dur": dur, "args": args}
+    return _kineto(rank, [
+        x("ProfilerStep#3", "user_annotation", 0, 10000, 1),
+        x("c10d::allreduce_", "cpu_op", 2900, 200, 1), x("c10d::allreduce_", "cpu_op", 7900, 200, 1),
+        x("cudaLaunchKernel", "cuda_runtime", 3000, 10, 1, correlation=11),
+        x("cudaLaunchKernel", "cuda_runtime", 8000, 10, 1, correlation=12),
+        x("ampere_sgemm_128x64_nn", "kernel", 0, 4000, 7, correlation=5),
+        x("ampere_sgemm_128x64_nn", "kernel", 5000, 4000, 7, correlation=6),
+        x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 3000, 3000, 20, correlation=11,
+          **{"In msg nelems": 262144, "dtype": "Float"}),
+        x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 8000, 2000, 20, correlation=12,
+          **{"In msg nelems": 1048576, "dtype": "Float"}),
+    ])
+
+
+def test_a_cuda_trace_by_hand(tmp_path):
+    """compute 8 ms, comm 5 ms; hidden: 3-4 and 5-6 (2 ms) and 8-9 (1 ms); exposed 2 ms: 4-5 and 9-10."""
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(cuda_trace(rank)))
+    report = diagnose(load_traces([str(tmp_path)]))
+    assert report.device == "cuda" and len(report.steps) == 2
+    s = report.steps[0]
+    assert (s.step_s, s.compute_s, s.comm_s, s.exposed_comm_s) == pytest.approx((0.010, 0.008, 0.005, 0.002))
+    assert s.overlap_share == pytest.approx(0.6) and s.limit_s == pytest.approx(0.008)
+    first, second = s.collectives
+    assert (first.issue_s, first.start_s, first.end_s, first.nbytes) == pytest.approx((0.003, 0.003, 0.006, 1 << 20))
+    assert (first.hidden_s, first.exposed_s) == pytest.approx((0.002, 0.001))
+    assert second.nbytes == 4 << 20 and second.exposed_s == pytest.approx(0.001)
+    assert any(r.startswith("late gradient") for r in second.reasons)  # 1 ms of compute left, 2 to send
+
+
+def test_the_json_names_the_checks_read(tmp_path, capsys):
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(cuda_trace(rank)))
+    assert main(["diagnose", str(tmp_path), "--json", str(tmp_path / "d.json"), "--plot", str(tmp_path / "d.png")]) == 0
+    data = json.loads((tmp_path / "d.json").read_text())
+    assert data["schema"] == "schedopt.diagnosis/1" and (tmp_path / "d.png").stat().st_size > 0
+    row = data["steps"][0]
+    assert {"rank", "step", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_share"} <= set(row)
+    assert {"issue_s", "start_s", "end_s", "bytes", "hidden_s", "exposed_s", "reasons"} <= set(row["collectives"][0])
+    assert "exposed collectives" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('{"traceEvents": [', "not valid JSON"),
+    ("", "not valid JSON"),
+    ('{"a": 1}', "not a Chrome/Kineto trace"),
+    ('{"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5}]}', "no ProfilerStep#N spans"),
+])
+def test_bad_traces_end_with_one_line_and_status_2(tmp_path, capsys, content, expected):
+    (tmp_path / "t.json").write_text(content)
+    assert main(["diagnose", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_traces_of_different_runs_are_refused(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(cuda_trace(0)))
+    other = cuda_trace(1)
+    other["distributedInfo"]["world_size"] = 4
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    with pytest.raises(TraceError, match="different runs"):
+        load_traces([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    with pytest.raises(TraceError, match="two traces of rank 0"):
+        load_traces([str(tmp_path / "a.json"), str(tmp_path / "a.json")])
+    later = cuda_trace(1)
+    later["traceEvents"][0]["name"] = "ProfilerStep#9"
+    (tmp_path / "b.json").write_text(json.dumps(later))
+    with pytest.raises(TraceError, match="no ProfilerStep number in common"):
+        load_traces([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+
+
+def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
+    """examples/train.py --profile under torchrun: each step's collectives move every gradient once
+    (DDP's buckets), each on gloo's threads after its issue on the training thread."""
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(ROOT / "examples" / "train.py"), "tiny_gpt", "--ddp", "--steps", "4", "--warmup", "1",
+                          "--threads", "1", "--quiet", "--profile", str(tmp_path)],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = diagnose(load_traces([str(tmp_path)]))
+    assert report.device == "cpu" and report.world_size == 2 and {s.rank for s in report.steps} == {0, 1}
+    sys.path.insert(0, str(ROOT / "examples"))
+    import models
+
+    param_bytes = sum(p.numel() * 4 for p in models.tiny_gpt()[0].parameters())
+    for s in report.steps:
+        assert sum(c.nbytes for c in s.collectives) == param_bytes
+        assert all(c.issue_s <= c.start_s < c.end_s for c in s.collectives)
+        assert 0 <= s.exposed_comm_s <= s.comm_s and s.compute_s <= s.step_s
