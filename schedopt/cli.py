@@ -171,8 +171,17 @@ def _describe_graph(graph) -> str:
 
 def _cmd_import(args: argparse.Namespace) -> int:
     graph = _graph(args)
+    costs = None
+    if args.trace_in:
+        from .kineto import trace_files
+        from .trace_costs import trace_costs
+
+        costs = trace_costs(graph, trace_files([args.trace_in])[0])
+        graph = costs.graph
     graph.save(args.output)
     print(f"{_describe_graph(graph)} -> {args.output}")
+    if costs is not None:
+        print(costs.describe())
     return 0
 
 
@@ -379,12 +388,25 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
     traces = load_traces(args.traces)
     report = diagnose(traces)
+    data = report.to_json()
+    whatif = None
+    if args.model:  # the traced DDP step predicted, and what the best plans would gain
+        from .trace_costs import trace_costs
+        from .whatif import what_plans_gain
+
+        costs = trace_costs(_graph(args), traces[0].path)
+        cluster = Cluster.load(args.cluster) if args.cluster else None
+        whatif = what_plans_gain(report, costs.graph, cluster, time_limit_s=args.time_limit or 10.0)
+        data["what_if"] = {**whatif.to_json(), "trace_costs": costs.describe()}
     if args.json:
-        write_json_atomic(args.json, report.to_json())
+        write_json_atomic(args.json, data)
     if args.format == "json":
-        print(dumps(report.to_json(), indent=2))
+        print(dumps(data, indent=2))
     else:
         print(format_report(report))
+        if whatif is not None:
+            print(data["what_if"]["trace_costs"])
+            print(whatif.describe())
     if args.plot:
         plot_step(report, traces, args.plot)
     return 0
@@ -522,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model: .onnx, path/to/file.py:factory, or graph JSON")
     _add_model_options(p)
     p.add_argument("-o", "--output", default="graph.json", help="where to write the graph (default graph.json)")
+    p.add_argument("--trace", dest="trace_in", metavar="TRACE",
+                   help="take op times from this torch.profiler trace of the model's training (a file, "
+                                   "or a directory: its first rank's), matched by op kind and order")
     p.set_defaults(run=_cmd_import)
 
     p = sub.add_parser("profile", help="measure per-op times of a real training step on this machine")
@@ -578,6 +603,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help=f"also write the diagnosis here (schema {'schedopt.diagnosis/1'})")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--plot", help="draw one step of every rank, the exposed communication marked (PNG)")
+    p.add_argument("--model", help="the traced model (file.py:factory or .onnx): predict the traced DDP step from "
+                                   "the trace's op times and say what the best plan per mode would gain")
+    p.add_argument("--cluster", help="with --model: the cluster file (default: fitted to the trace's collectives)")
+    p.add_argument("--time-limit", type=_duration, default=None, help="with --model: cpsat's limit per mode (10s)")
+    _add_model_options(p)
     p.set_defaults(run=_cmd_diagnose)
 
     p = sub.add_parser("compare", help="run several solvers on one model and cluster")

@@ -1,0 +1,102 @@
+"""Op costs from a profiler trace: the user's own hardware's times, put on an imported aten graph.
+
+A trace's ops are matched to the graph's by kind and order within a step: the k-th ``aten::mm`` of
+the backward in the trace is the graph's k-th backward ``aten.mm`` (engine order), for every kind the
+graph has (outermost occurrences only: an ``aten::clone`` inside another is part of it). A trace op
+is forward before the step's first ``autograd::engine`` event, backward after it, until the
+optimizer's span. On CUDA an op's time is its kernels' (by correlation); on CPU the op's own span.
+Each matched graph op takes its median over the trace's steps; unmatched ops keep their estimates.
+
+The report says how much was matched: the share of the graph's compute ops, and the share of the
+traced steps' compute time the matched ops explain.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import TraceError
+from .graph import TrainGraph
+from .intervals import length, union
+from .kineto import STEP, _events, _span
+from .orders import engine_order
+
+__all__ = ["TraceCosts", "trace_costs"]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceCosts:
+    """The graph with the trace's op times, and how much of it they cover."""
+
+    graph: TrainGraph
+    matched_ops: int
+    graph_ops: int
+    explained_share: float  # of the traced steps' compute time, what the matched ops account for
+    steps: int
+
+    def describe(self) -> str:
+        return (f"trace costs: {self.matched_ops} of {self.graph_ops} ops matched ({self.matched_ops / self.graph_ops:.0%}),"
+                f" explaining {self.explained_share:.0%} of the traced compute over {self.steps} step(s); "
+                f"{self.graph_ops - self.matched_ops} keep their estimates")
+
+
+def _outermost(spans: list[tuple[str, float, float, Any]]) -> list[tuple[str, float, float, Any]]:
+    """Spans not inside another span of the same name (a nested same-kind op is part of its parent)."""
+    out, open_until = [], {}
+    for name, start, end, extra in sorted(spans, key=lambda s: (s[1], -s[2])):
+        if open_until.get(name, float("-inf")) >= end:
+            continue
+        open_until[name] = end
+        out.append((name, start, end, extra))
+    return out
+
+
+def _step_ops(events: list[dict], window: tuple[float, float], tid: Any) -> tuple[dict, float]:
+    """{(kind, phase): [duration, ...] in order} of one step's training-thread aten ops, and its compute time."""
+    mine = [(s, e) for e in events if e.get("tid") == tid and e.get("cat") == "cpu_op"
+            and (s := _span(e)) is not None and window[0] <= s.start < window[1]]
+    backward = min((s.start for s, _ in mine if s.name.startswith("autograd::engine")), default=window[1])
+    optimizer = min((s.start for s, _ in mine if s.name.startswith("Optimizer.")), default=window[1])
+    aten = [(s.name.replace("::", ".", 1), s.start, s.end, None) for s, _ in mine
+            if s.name.startswith("aten::") and s.start < optimizer]
+    out: dict[tuple[str, str], list[float]] = {}
+    for kind, start, end, _ in _outermost(aten):
+        out.setdefault((kind, "forward" if start < backward else "backward"), []).append(end - start)
+    return out, length(union((s.start, s.end) for s, _ in mine if s.start < optimizer))
+
+
+def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
+    """``graph`` with the op times of the trace at ``path`` (a CPU trace of the same model's training).
+
+    Raises:
+        TraceError: not a trace, no steps, or no op of the graph's kinds in it.
+    """
+    data = _events(Path(path))
+    events = [e for e in data["traceEvents"] if isinstance(e, dict)]
+    steps = [(s, e.get("tid")) for e in events if STEP.match(str(e.get("name", ""))) and (s := _span(e)) is not None]
+    if not steps:
+        raise TraceError(f"trace file {str(path)!r} has no ProfilerStep#N spans to take op times from")
+    order = [o for o in engine_order(graph) if graph.ops[o].phase in ("forward", "backward")]
+    by_kind: dict[tuple[str, str], list[str]] = {}
+    for op_id in order:
+        op = graph.ops[op_id]
+        by_kind.setdefault((op.kind, op.phase), []).append(op_id)
+    samples: dict[str, list[float]] = {}
+    compute, explained = 0.0, 0.0
+    for span, tid in steps:
+        ops, busy = _step_ops(events, (span.start, span.end), tid)
+        compute += busy
+        for key, op_ids in by_kind.items():
+            for op_id, took in zip(op_ids, ops.get(key, [])):
+                samples.setdefault(op_id, []).append(took)
+                explained += took
+    if not samples:
+        raise TraceError(f"trace file {str(path)!r} has no op of the graph's kinds (aten ops of {graph.name!r}); "
+                         "is it a trace of this model's training?")
+    durations = {op_id: statistics.median(v) for op_id, v in samples.items()}
+    traced = graph.with_durations(durations, meta={"costs": f"trace {Path(path).name}"})
+    return TraceCosts(graph=traced, matched_ops=len(durations), graph_ops=len(order),
+                      explained_share=explained / compute if compute > 0 else 0.0, steps=len(steps))
