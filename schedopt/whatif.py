@@ -52,10 +52,13 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
     """An alpha-beta cluster fitted to the traced collectives (bytes, start to end)."""
     points = [(c.nbytes, c.end_s - c.start_s) for s in report.steps for c in s.collectives
               if c.nbytes and c.end_s > c.start_s]
-    if len({b for b, _ in points}) < 2:
-        raise SchedoptError("the trace's collectives have fewer than two sizes to fit a cluster to; give --cluster")
-    return calibrate([b for b, _ in points], [t for _, t in points], world_size=report.world_size or 2,
-                     name="fitted to the trace")
+    n = report.world_size or 2
+    if not points:
+        raise SchedoptError("the trace has no collective with its size to fit a cluster to; give --cluster")
+    if len({b for b, _ in points}) < 2:  # one size (one bucket): its bandwidth, no latency
+        b, t = points[0][0], statistics.median(t for _, t in points)
+        return Cluster(world_size=n, bandwidth_Bps=2 * (n - 1) / n * b / t, name="fitted to the trace (one size)")
+    return calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
 
 
 def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None = None, *,
