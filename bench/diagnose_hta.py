@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="+")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--seed", type=int, default=0, help="unused: nothing here is drawn at random (the bench "
+                                                             "scripts' common options)")
     args = parser.parse_args(argv)
     try:
         import hta  # noqa: F401
