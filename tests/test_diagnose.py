@@ -4,7 +4,9 @@ trace of 2 gloo ranks, and bad input."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import warnings
 import sys
 from pathlib import Path
 
@@ -130,10 +132,7 @@ def test_traces_of_different_runs_are_refused(tmp_path):
 def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     """examples/train.py --profile under torchrun: each step's collectives move every gradient once
     (DDP's buckets), each on gloo's threads after its issue on the training thread."""
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(ROOT / "examples" / "train.py"), "tiny_gpt", "--ddp", "--steps", "4", "--warmup", "1",
-                          "--threads", "1", "--quiet", "--profile", str(tmp_path)],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    run = _profiled_run(tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     report = diagnose(load_traces([str(tmp_path)]))
     assert report.device == "cpu" and report.world_size == 2 and {s.rank for s in report.steps} == {0, 1}
@@ -154,6 +153,27 @@ def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     whatif = what_plans_gain(report, costs.graph, time_limit_s=1)
     assert whatif.predicted_ddp_s > 0 and set(whatif.best) == {"barrier", "overlap", "osp"}
     assert all(t <= whatif.predicted_ddp_s * 1.001 for _, t in whatif.best.values())
+
+
+def _profiled_run(out: Path) -> subprocess.CompletedProcess:
+    """examples/train.py --profile on 2 torchrun ranks; a launch that hangs is retried once.
+
+    Twice in this project's runs of this test (once in the full suite, once beside a pip install) a
+    profiled launch never finished; seven launches alone took 6-8 s each. The cause is not found yet
+    (the next step: py-spy on the hung ranks); a second hang fails the test with what both printed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / "train.py"), "tiny_gpt", "--ddp", "--steps", "4", "--warmup", "1",
+           "--threads", "1", "--quiet", "--profile", str(out)]
+    hung = []
+    for _ in range(2):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=ROOT, env=env)
+        except subprocess.TimeoutExpired as exc:
+            hung.append(str(exc.stderr or b"")[-1500:])
+            warnings.warn(f"a profiled torchrun launch hung for 90 s; retrying. It printed: {hung[-1]}")
+    pytest.fail("the profiled torchrun launch hung twice: " + " | ".join(hung))
 
 
 def _factory(name: str):
