@@ -20,11 +20,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --timeout=300
+	$(PY) -m pytest -q -n 2 --timeout=300
 
 # the fast subset for the edit loop (no real ranks, no long solves): under a minute
 check: setup
-	$(PY) -m pytest -q -n 2 --dist worksteal --timeout=120 -m "not slow"
+	$(PY) -m pytest -q -n 2 --timeout=120 -m "not slow"
 
 demo: setup
 	mkdir -p $(OUT)
