@@ -242,7 +242,15 @@ def main(argv: list[str] | None = None) -> int:
         # 1 run in 6 here) when one rank tears its group down while the other still uses it
         dist.barrier()
         dist.destroy_process_group()
+        # what the run built lives until the process leaves without destructors (below): freeing the
+        # DDP model and the profiler as this frame unwinds hung the process now and then under load
+        # (py-spy: both ranks idle at `status = main()`, every step done and reported)
+        _KEEP.append(dict(locals()))
     return 0
+
+
+#: objects ``main`` built, kept from destruction until the process leaves with ``os._exit``
+_KEEP: list = []
 
 
 if __name__ == "__main__":
