@@ -118,9 +118,9 @@ def per_block_units(module: nn.Module) -> list[Unit]:
     shared = _shared_params(module)
     blocks = [] if container is None else [
         c for c in tree.child_paths(container) if tree.params_under(c) and not shared & set(tree.params_under(c))]
+    *owned, rest = assign_params(tree, [*[[b] for b in blocks], [ROOT]])  # the root takes what no block holds
     units = [Unit(modules=(b,), params=tuple(p), reshard_after_forward=k + 1 < len(blocks), prefetch_backward=0)
-             for k, (b, p) in enumerate(zip(blocks, assign_params(tree, [[b] for b in blocks])))]
-    rest = assign_params(tree, [*[[b] for b in blocks], [ROOT]])[-1]
+             for k, (b, p) in enumerate(zip(blocks, owned))]
     return [Unit(modules=(ROOT,), params=tuple(rest), reshard_after_forward=False, prefetch_backward=0), *units]
 
 

@@ -24,7 +24,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .intervals import clip, covered, covered_union, length, union
+from .intervals import clip, covered, covered_union, length, uncovered, union
 from .kineto import Collective, RankTrace
 
 __all__ = ["DIAGNOSIS_SCHEMA", "CollectiveRow", "StepRow", "Diagnosis", "diagnose", "format_report", "plot_step"]
@@ -174,7 +174,7 @@ def plot_step(report: Diagnosis, traces: list[RankTrace], path: Any) -> None:
         for c in trace.collectives:
             if window[0] <= c.start < window[1]:
                 ax.broken_barh([(c.start - window[0], c.end - c.start)], (0, 8), color="tab:green")
-                gaps = [(a, b) for a, b in _gaps(busy, (c.start, min(c.end, window[1])))]
+                gaps = uncovered(busy, (c.start, min(c.end, window[1])))
                 ax.broken_barh([(a - window[0], b - a) for a, b in gaps], (0, 8), color="tab:red")
         ax.set_yticks([4, 14], ["comm", "compute"])
         ax.set_xlim(0, window[1] - window[0])
@@ -182,17 +182,3 @@ def plot_step(report: Diagnosis, traces: list[RankTrace], path: Any) -> None:
     axes[-1, 0].set_xlabel("seconds from the step's start")
     save_figure(fig, path)
 
-
-def _gaps(disjoint: list[tuple[float, float]], interval: tuple[float, float]) -> list[tuple[float, float]]:
-    """The parts of ``interval`` the union ``disjoint`` does not cover."""
-    start, end = interval
-    out, t = [], start
-    for a, b in disjoint:
-        if b <= t or a >= end:
-            continue
-        if a > t:
-            out.append((t, a))
-        t = max(t, b)
-    if t < end:
-        out.append((t, end))
-    return out

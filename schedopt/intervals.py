@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import Iterable
 
-__all__ = ["union", "length", "covered", "covered_union", "clip"]
+__all__ = ["union", "length", "covered", "covered_union", "uncovered", "clip"]
 
 Interval = tuple[float, float]
 
@@ -55,6 +55,21 @@ def covered(disjoint: list[Interval], interval: Interval) -> float:
 def covered_union(disjoint: list[Interval], other: list[Interval]) -> float:
     """How much of the union ``other`` the union ``disjoint`` covers (both sorted and disjoint)."""
     return sum(covered(disjoint, i) for i in other)
+
+
+def uncovered(disjoint: list[Interval], interval: Interval) -> list[Interval]:
+    """The parts of ``interval`` the union ``disjoint`` (sorted, disjoint) does not cover."""
+    start, end = interval
+    out, t = [], start
+    for a, b in disjoint:
+        if b <= t or a >= end:
+            continue
+        if a > t:
+            out.append((t, a))
+        t = max(t, b)
+    if t < end:
+        out.append((t, end))
+    return out
 
 
 def clip(intervals: Iterable[Interval], window: Interval) -> list[Interval]:

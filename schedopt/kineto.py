@@ -29,7 +29,7 @@ from typing import Any
 from .errors import TraceError
 from .io import read_json
 
-__all__ = ["Span", "Collective", "RankTrace", "load_trace", "load_traces"]
+__all__ = ["Span", "Collective", "RankTrace", "load_trace", "load_traces", "span_of", "trace_events", "trace_files"]
 
 STEP = re.compile(r"ProfilerStep#(\d+)$")
 ISSUE_PREFIXES = ("c10d::", "record_param_comms")
@@ -73,7 +73,8 @@ class RankTrace:
     collectives: list[Collective] = field(default_factory=list)
 
 
-def _events(path: Path) -> dict[str, Any]:
+def trace_events(path: Path) -> dict[str, Any]:
+    """A trace file's JSON object, refused with one line where it is not a Chrome/Kineto trace."""
     if path.suffix == ".gz":
         try:
             data = json.loads(gzip.decompress(path.read_bytes()))
@@ -86,7 +87,8 @@ def _events(path: Path) -> dict[str, Any]:
     return data
 
 
-def _span(e: dict[str, Any]) -> Span | None:
+def span_of(e: dict[str, Any]) -> Span | None:
+    """A complete ("X") event as a span in seconds; None for any other or a malformed one."""
     ts, dur = e.get("ts"), e.get("dur")
     if e.get("ph") != "X" or not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
         return None
@@ -119,11 +121,11 @@ def load_trace(path: str | Path) -> RankTrace:
         TraceError: not JSON, truncated, not a trace, or a trace without ``ProfilerStep#N`` spans.
     """
     path = Path(path)
-    data = _events(path)
+    data = trace_events(path)
     info = data.get("distributedInfo") if isinstance(data.get("distributedInfo"), dict) else {}
     events = [e for e in data["traceEvents"] if isinstance(e, dict)]
     steps = [(int(m.group(1)), s, e.get("tid")) for e in events
-             if (m := STEP.match(str(e.get("name", "")))) and (s := _span(e)) is not None]
+             if (m := STEP.match(str(e.get("name", "")))) and (s := span_of(e)) is not None]
     if not steps:
         raise TraceError(f"trace file {str(path)!r} has no ProfilerStep#N spans: profile with a schedule "
                          "(torch.profiler.schedule) and call prof.step() after every step")
@@ -157,7 +159,7 @@ def _pair(issues: list[tuple[Span, dict]], comms: list[tuple[Span, dict]]) -> li
 def _read_cpu(trace: RankTrace, events: list[dict[str, Any]], main_tid: Any) -> None:
     issues, comms = [], []
     for e in events:
-        span = _span(e)
+        span = span_of(e)
         if span is None:
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
@@ -177,7 +179,7 @@ def _read_cuda(trace: RankTrace, events: list[dict[str, Any]], main_tid: Any) ->
     comm_ops: list[tuple[Span, dict]] = []
     kernels = []
     for e in events:
-        span = _span(e)
+        span = span_of(e)
         if span is None:
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}

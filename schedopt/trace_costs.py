@@ -21,7 +21,7 @@ from typing import Any
 from .errors import TraceError
 from .graph import TrainGraph
 from .intervals import length, union
-from .kineto import STEP, _events, _span
+from .kineto import STEP, span_of, trace_events
 from .orders import engine_order
 
 __all__ = ["TraceCosts", "trace_costs"]
@@ -57,7 +57,7 @@ def _outermost(spans: list[tuple[str, float, float, Any]]) -> list[tuple[str, fl
 def _step_ops(events: list[dict], window: tuple[float, float], tid: Any) -> tuple[dict, float]:
     """{(kind, phase): [duration, ...] in order} of one step's training-thread aten ops, and its compute time."""
     mine = [(s, e) for e in events if e.get("tid") == tid and e.get("cat") == "cpu_op"
-            and (s := _span(e)) is not None and window[0] <= s.start < window[1]]
+            and (s := span_of(e)) is not None and window[0] <= s.start < window[1]]
     backward = min((s.start for s, _ in mine if s.name.startswith("autograd::engine")), default=window[1])
     optimizer = min((s.start for s, _ in mine if s.name.startswith("Optimizer.")), default=window[1])
     aten = [(s.name.replace("::", ".", 1), s.start, s.end, None) for s, _ in mine
@@ -74,9 +74,9 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
     Raises:
         TraceError: not a trace, no steps, or no op of the graph's kinds in it.
     """
-    data = _events(Path(path))
+    data = trace_events(Path(path))
     events = [e for e in data["traceEvents"] if isinstance(e, dict)]
-    steps = [(s, e.get("tid")) for e in events if STEP.match(str(e.get("name", ""))) and (s := _span(e)) is not None]
+    steps = [(s, e.get("tid")) for e in events if STEP.match(str(e.get("name", ""))) and (s := span_of(e)) is not None]
     if not steps:
         raise TraceError(f"trace file {str(path)!r} has no ProfilerStep#N spans to take op times from")
     order = [o for o in engine_order(graph) if graph.ops[o].phase in ("forward", "backward")]

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from schedopt.cli import main
 from schedopt.diagnose import diagnose
 from schedopt.errors import TraceError
-from schedopt.intervals import covered, covered_union, length, union
+from schedopt.intervals import covered, covered_union, length, uncovered, union
 from schedopt.importers import from_torch
 from schedopt.kineto import load_traces
 from schedopt.trace_costs import trace_costs
@@ -39,6 +39,7 @@ def test_overlap_share_and_exposed_time_equal_a_brute_force_count(compute, comm)
     assert covered_union(u_compute, u_comm) == len(busy & talk)
     for a, b in comm:
         assert covered(u_compute, (a, b)) == len(busy & set(range(a, b)))
+        assert length(uncovered(u_compute, (a, b))) == len(set(range(a, b)) - busy)
 
 
 def _kineto(rank: int, events: list[dict]) -> dict:
