@@ -95,6 +95,8 @@ SLACK = "-slack"
 #: Kept beside the runs (``runs/NAME.json.gz``), so that ``--recompute`` can predict them again: the pooled
 #: profile, the calibrated cluster and each mode's plan (``MODE.plan.json``).
 POOLED, CLUSTER, PLAN = "graph.pooled.json", "cluster.json", ".plan.json"
+#: ``--rate balanced``: the cap where the calibrated all-reduce of every gradient takes the profiled compute's time.
+BALANCED = "balanced"
 
 
 class TestbedError(Exception):
@@ -120,14 +122,26 @@ class Link:
             _run(["ip", "netns", "add", ns])
         _run(["ip", "link", "add", self.dev[0], "netns", self.ns[0], "type", "veth",
               "peer", "name", self.dev[1], "netns", self.ns[1]])
-        burst = max(int(_rate_Bps(self.rate) / 100), 64 * 1024)  # 10 ms of traffic, at least a GSO segment
         for ns, dev, address in zip(self.ns, self.dev, ADDRESSES):
             _run(["ip", "-n", ns, "addr", "add", f"{address}/30", "dev", dev])
             _run(["ip", "-n", ns, "link", "set", dev, "up"])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             if self.rate != "none":
-                _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                      "rate", self.rate, "burst", str(burst), "latency", "200ms"])
+                _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *self._tbf()])
+
+    def set_rate(self, rate: str) -> None:
+        """Cap both ends at ``rate`` from now on (opening the link first where it is not open)."""
+        if not self._open:
+            self.rate = rate
+            self.open()
+            return
+        self.rate = rate
+        for ns, dev in zip(self.ns, self.dev):
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *self._tbf()])
+
+    def _tbf(self) -> list[str]:
+        burst = max(int(_rate_Bps(self.rate) / 100), 64 * 1024)  # 10 ms of traffic, at least a GSO segment
+        return ["tbf", "rate", self.rate, "burst", str(burst), "latency", "200ms"]
 
     def close(self) -> None:
         if not self._open:
@@ -236,7 +250,9 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, i
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="examples/models.py:resnet18", help="path/to/file.py:factory")
-    parser.add_argument("--rate", default="550mbit", help="tbf rate on each veth end (tc units), or none")
+    parser.add_argument("--rate", default="550mbit",
+                        help=f"tbf rate on each veth end (tc units), none, or {BALANCED}: profile and calibrate first, "
+                             "and cap where every gradient's all-reduce takes as long as the compute")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="steps before measuring, per run (default 2)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every mode (default 2)")
@@ -278,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print("testbed: needs root (it creates network namespaces and tc qdiscs); run it with sudo", file=sys.stderr)
         return 2
     begin()
-    link = Link(args.rate)
+    link = Link("none" if args.rate == BALANCED else args.rate)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="schedopt-testbed-"))
     work.mkdir(parents=True, exist_ok=True)
     atexit.register(link.close)
@@ -311,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> list[dict]:
-    from schedopt import Cluster, TrainGraph
+    from schedopt import TrainGraph
 
     def left() -> float:
         if (rest := deadline - time.monotonic()) <= 0:
@@ -319,21 +335,56 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
         return rest
 
     batch = ["--batch-size", str(args.batch_size)] if args.batch_size else []
-    link.open()
-    # 2. calibrate the link
+    graph_file = work / "graph.json"
+    if args.rate == BALANCED:  # 3 before 2: the rate comes from the compute
+        profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
+        graph = TrainGraph.load(graph_file)
+        cluster, fit = balance(link, graph, work, left)
+    else:
+        link.open()
+        cluster, fit = calibrate_link(link, work, left)  # 2
+        profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))  # 3
+        graph = TrainGraph.load(graph_file)
+    plan_of = plan_modes(args, modes, work, cluster, graph_file, left)  # 4
+    measured = run_rounds(args, link, modes, plan_of, work, batch, left)  # 5
+    return result_rows(args, modes, plan_of, measured, graph, cluster, fit["r2"], work, rate=link.rate)  # 6
+
+
+def calibrate_link(link: Link, work: Path, left):
+    """Step 2: ``schedopt calibrate`` over the link as it is capped now; the cluster and its fit's figures."""
+    from schedopt import Cluster
+
     cluster_file = work / "cluster.json"
     launch(link, ["-m", "schedopt", "calibrate", "-o", str(cluster_file), "--time-limit", "60s"],
            env={}, timeout_s=min(240, left()), log=work / "calibrate")
     cluster = Cluster.load(cluster_file)
     fit = json.loads(cluster_file.read_text())["calibration"]
-    print(f"calibrated: {cluster.describe()} (R^2 {fit['r2']:.4f}, worst residual {fit['worst_residual']:.1%})")
-    # 3. profile
-    graph_file = work / "graph.json"
-    profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
-    graph = TrainGraph.load(graph_file)
-    plan_of = plan_modes(args, modes, work, cluster, graph_file, left)  # 4
-    measured = run_rounds(args, link, modes, plan_of, work, batch, left)  # 5
-    return result_rows(args, modes, plan_of, measured, graph, cluster, fit["r2"], work)  # 6
+    print(f"calibrated at {link.rate}: {cluster.describe()} (R^2 {fit['r2']:.4f}, "
+          f"worst residual {fit['worst_residual']:.1%})")
+    return cluster, fit
+
+
+def balance(link: Link, graph, work: Path, left, *, tolerance: float = 0.1, tries: int = 3):
+    """``--rate balanced``: cap the link where the calibrated all-reduce of every gradient takes as long as
+    the profiled compute (within ``tolerance``); the cluster calibrated there and its fit.
+
+    The first cap moves the gradients' bytes in the compute's time at the cap's full rate; each try
+    after it scales the cap by the calibrated all-reduce's time over the compute (gloo and TCP reach a
+    share of the cap that depends on the machine, which is why it is measured, not assumed).
+    """
+    compute = _step_s(graph)
+    nbytes = sum(p.nbytes for p in graph.params.values())
+    mbit = 8 * nbytes / compute / 1e6
+    for attempt in range(tries):
+        link.set_rate(f"{mbit:.0f}mbit")
+        cluster, fit = calibrate_link(link, work, left)
+        ratio = cluster.allreduce_s(nbytes) / compute
+        print(f"balanced? every gradient's all-reduce {cluster.allreduce_s(nbytes) * 1e3:.0f} ms, compute "
+              f"{compute * 1e3:.0f} ms ({ratio:.2f}x) at {link.rate}")
+        if abs(ratio - 1) <= tolerance:
+            break
+        mbit *= ratio
+    return cluster, fit
 
 
 def plan_modes(args, modes: list[str], work: Path, cluster, graph_file: Path, left) -> dict[str, Path]:
@@ -444,7 +495,7 @@ def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], wor
 
 
 def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, graph, cluster, r2: float,
-                work: Path) -> list[dict]:
+                work: Path, *, rate: str) -> list[dict]:
     """Step 6: a row per mode, predicted from the pooled profile (kept in ``work`` with each mode's plan)."""
     from schedopt import Plan, Problem, lower_bound
     from schedopt.problem import DEFERRED_MODES
@@ -460,7 +511,7 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
         flat = [t for run_ in m.steps[mode] for t in run_]
         measured_s = statistics.median(m.periods[mode])
         rows.append({
-            "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": args.rate,
+            "mode": mode, "solver": plan.solver.name, "model": args.model, "rate": rate, "rate_asked": args.rate,
             "measured_s": measured_s, "measured_runs_s": m.periods[mode],
             "step_median_s": statistics.median(flat), "step_min_s": min(flat),
             "step_max_s": max(flat), "num_steps": len(flat),

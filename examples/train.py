@@ -36,7 +36,10 @@ period of 826 ms, a median per-step maximum of 923;
 ``bench/results/testbed_resnet18_550mbit_compiled_run3.json``). ``--json`` writes the steps of
 every rank; rank 0's forward, backward and optimizer times per step, by the host's clock (on CUDA:
 until the host returned, not until the kernels ran); in overlap and osp modes how long rank
-0's forward waited for the network in each step; sharded, rank 0's every all-gather and
+0's forward waited for the network in each step; rank 0's backward tail per step (from the last
+gradient's accumulation to ``backward()``'s return: DDP's exposed communication; not measured
+sharded or compiled); ``first_step``, the loop index of the first measured step (a profiler
+trace's ``ProfilerStep#N`` is loop index N); sharded, rank 0's every all-gather and
 reduce-scatter per step (kind, unit, bytes, issue and end in s from the step's start) and its peak
 of shards plus unsharded parameters and gradients per step.
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
@@ -98,14 +101,20 @@ def profiler_for(args, rank: int, cuda: bool):
     for one step, then records up to 3 (``ProfilerStep#N`` spans: what ``schedopt diagnose`` reads)."""
     if not args.profile:
         return _NoProfiler()
+    from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile, schedule
 
     Path(args.profile).mkdir(parents=True, exist_ok=True)
+    # every op's arguments (what gives a collective's bytes) made ResNet-18's profiled backward on CPU
+    # 1.7x longer here (630-713 ms against 349-434 without; unprofiled steps ~500 ms): only when asked
+    torch._C._profiler._set_record_concrete_inputs_enabled_val(args.profile_sizes)
     active = max(1, min(3, args.steps - 1))
     skip = args.warmup + max(0, args.steps - active - 1)
     return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])],
                    schedule=schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1),
-                   record_shapes=True,  # the collectives' sizes
+                   record_shapes=args.profile_sizes,
+                   # every thread: schedopt's gloo channel issues its collectives from a thread of its own
+                   experimental_config=_ExperimentalConfig(profile_all_threads=True),
                    on_trace_ready=lambda p: p.export_chrome_trace(str(Path(args.profile) / f"rank{rank}.json")))
 
 
@@ -131,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="DIR",
                         help="write a Chrome trace per rank (DIR/rank{R}.json) of the last measured steps "
                              "(torch.profiler: wait 1, warm-up 1, then active; read it with schedopt diagnose)")
+    parser.add_argument("--profile-sizes", action="store_true",
+                        help="--profile records every op's arguments too, which gives each collective's bytes "
+                             "(on CPU it slows the profiled steps: ResNet-18's backward 1.7x)")
     args = parser.parse_args(argv)
 
     from schedopt.errors import SchedoptError
@@ -157,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed)
         model, example, loss_fn = load(args.model, args.batch_size)
         model.to(device)
+        last_grad = [0.0]  # when the last gradient of the step was accumulated (host clock)
+        timed_tail = not (args.shard or args.fsdp or args.compile)  # the backward's tail (see --json)
+        if timed_tail:
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.register_post_accumulate_grad_hook(lambda _, cell=last_grad: cell.__setitem__(0, time.perf_counter()))
         plan = None if args.ddp or args.fsdp else os.environ.get("SCHEDOPT_PLAN")
         if args.shard or args.fsdp:
             if args.fsdp:
@@ -180,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         waits: list[float] = []  # overlap mode: time the forward waited for the network, per step
         settles: list[list] = []  # and each settle: bucket, where, what, waited (s)
         phases: list[list[float]] = []  # rank 0, per measured step: forward, backward, optimizer (s, host clock)
+        tails: list[float] = []  # per measured step: from the last gradient's accumulation to backward's return
         profiler = profiler_for(args, rank, cuda)
         profiler.__enter__()
         for step, x in enumerate(batches):
@@ -198,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             optimizer.step()
             if step >= args.warmup:
                 phases.append([t1 - t0, t2 - t1, time.perf_counter() - t2])
+                if timed_tail:  # None: no gradient accumulated in this backward
+                    tails.append(t2 - last_grad[0] if last_grad[0] > t1 else None)
             deferred = getattr(ddp_model, "deferred", None)
             if deferred is not None and step >= args.warmup:
                 waits.append(sum(s.wait_s for s in deferred.settled))
@@ -230,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     "kind": kind, "model": args.model, "plan": plan, "world_size": world,
                     "period_s": period, "step_s": slowest, "rank_step_s": gathered, "median_s": median,
                     "rank0_wait_s": waits, "rank0_settles": settles, "rank0_phases_s": phases,
+                    "rank0_backward_tail_s": tails, "first_step": args.warmup,
                     "rank0_step_marks_s": marks, "rank0_transfers": transfers,
                     "rank0_collectives": [[c.to_json() for c in st.collectives] for st in sharded],
                     "rank0_peak_bytes": [recorder.peak_bytes(st) for st in sharded],

@@ -27,6 +27,11 @@ from collections import deque
 from typing import Any
 
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
+
+#: The name of the span a profiler trace holds where the calling thread queued a collective (what
+#: ``schedopt diagnose`` takes for its issue; the collective itself is the channel thread's ``c10d::`` op).
+QUEUE_MARK = "schedopt::queue_all_reduce"
 
 __all__ = ["FifoChannel", "Transfer"]
 
@@ -72,9 +77,10 @@ class FifoChannel:
 
     def all_reduce(self, tensor: Any) -> Transfer:
         """Queue an in-place sum of ``tensor`` across the ranks; returns at once."""
-        transfer = Transfer(tensor.numel())
-        self.history.append(transfer)
-        self._queue.put((tensor, transfer))
+        with record_function(QUEUE_MARK):
+            transfer = Transfer(tensor.numel())
+            self.history.append(transfer)
+            self._queue.put((tensor, transfer))
         return transfer
 
     def _run(self) -> None:

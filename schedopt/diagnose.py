@@ -3,12 +3,13 @@
 From each rank's trace (:mod:`schedopt.kineto`), per ``ProfilerStep#N``:
 
 - ``compute_s``: the union of compute (the training thread's ops on CPU; kernels on CUDA);
-- ``comm_s``: the union of collectives (the backend's spans on CPU; NCCL kernels on CUDA);
+- ``comm_s``: the union of collectives in the step (the backend's spans on CPU; NCCL kernels on
+  CUDA), a collective begun in the step before included (an overlap plan's forward waits for those);
 - ``exposed_comm_s``: communication no compute covers; ``overlap_share``: hidden communication over
   communication, as Holistic Trace Analysis defines its comm-comp overlap;
 - ``limit_s = max(compute, comm)``, what a perfect overlap would leave, and ``lost_s``, what the step
   spent beyond it;
-- per collective: issue, start, end (s from the step's start), bytes, hidden and exposed time, and
+- per collective, in the step it began in: issue, start, end (s from the step's start), bytes, hidden and exposed time, and
   where it was exposed, why: ``queued`` (it started well after its issue: the link was busy with the
   ones before it), ``late gradient`` (less compute was left after its issue than it took: its last
   gradient came late), ``waited for`` (the op after it started only when it ended: the step waited).
@@ -110,15 +111,18 @@ def _reasons(c: Collective, compute: list[tuple[float, float]], spans: list, win
 def _step_row(trace: RankTrace, number: int, compute: list[tuple[float, float]]) -> StepRow:
     window = trace.steps[number]
     busy = union(clip(compute, window))
+    # the step's communication is whatever ran in it (an overlap plan's step waits for collectives begun in the
+    # step before); each collective is listed in the step it began in (a gloo span ends a little after the
+    # work it traces completes: a DDP bucket's span runs past its step's end into the next one's forward)
     mine = [c for c in trace.collectives if window[0] <= c.start < window[1]]
-    comm = union(clip([(c.start, c.end) for c in mine], window))
+    comm = union(clip([(c.start, c.end) for c in trace.collectives], window))
     hidden = covered_union(busy, comm)
     spans = sorted((s for s in trace.compute if window[0] <= s.start < window[1]), key=lambda s: s.start)
     row = StepRow(rank=trace.rank or 0, step=number, step_s=window[1] - window[0], compute_s=length(busy),
                   comm_s=length(comm), exposed_comm_s=length(comm) - hidden)
     for c in mine:
         shown = covered(busy, (c.start, min(c.end, window[1])))
-        exposed = (c.end - c.start) - shown
+        exposed = (min(c.end, window[1]) - c.start) - shown
         row.collectives.append(CollectiveRow(
             name=c.name, issue_s=c.issue - window[0], start_s=c.start - window[0], end_s=c.end - window[0],
             nbytes=c.nbytes, hidden_s=shown, exposed_s=exposed,
@@ -172,9 +176,10 @@ def plot_step(report: Diagnosis, traces: list[RankTrace], path: Any) -> None:
         busy = union(clip([(s.start, s.end) for s in trace.compute], window))
         ax.broken_barh([(a - window[0], b - a) for a, b in busy], (10, 8), color="tab:blue")
         for c in trace.collectives:
-            if window[0] <= c.start < window[1]:
-                ax.broken_barh([(c.start - window[0], c.end - c.start)], (0, 8), color="tab:green")
-                gaps = uncovered(busy, (c.start, min(c.end, window[1])))
+            if c.start < window[1] and c.end > window[0]:
+                ran = (max(c.start, window[0]), min(c.end, window[1]))
+                ax.broken_barh([(ran[0] - window[0], ran[1] - ran[0])], (0, 8), color="tab:green")
+                gaps = uncovered(busy, ran)
                 ax.broken_barh([(a - window[0], b - a) for a, b in gaps], (0, 8), color="tab:red")
         ax.set_yticks([4, 14], ["comm", "compute"])
         ax.set_xlim(0, window[1] - window[0])

@@ -8,7 +8,9 @@ What is read, per trace (one rank's):
   ``nccl*`` kernels on their streams, each issued by the CPU launch with the same ``correlation``;
 - on CPU: compute is the training thread's ``cpu_op`` events but the collectives' own
   (``c10d::*``, ``record_param_comms``), communication the backend's spans on its worker threads
-  (``gloo:*``), issued by the training thread's ``c10d::*`` ops, matched in order;
+  (``gloo:*``), issued by the training thread's ``c10d::*`` ops, matched in order (schedopt's gloo
+  channel issues from a thread of its own: there the issue is where the training thread queued the
+  collective, a ``schedopt::queue_all_reduce`` span; the gloo spans need ``profile_all_threads``);
 - a collective's bytes from its arguments where the trace has them (``Input Dims`` and type, with
   ``record_shapes``; Kineto's ``In msg nelems`` and ``dtype``).
 
@@ -34,6 +36,8 @@ __all__ = ["Span", "Collective", "RankTrace", "load_trace", "load_traces", "span
 STEP = re.compile(r"ProfilerStep#(\d+)$")
 ISSUE_PREFIXES = ("c10d::", "record_param_comms")
 COMM_PREFIXES = ("gloo:", "nccl:")
+#: Spans where the training thread queued a collective that another thread runs (schedopt's gloo channel).
+QUEUE_PREFIXES = ("schedopt::queue",)
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "c10::half": 2,
                "bfloat16": 2, "c10::bfloat16": 2, "long": 8, "int64": 8, "int": 4, "int32": 4, "byte": 1,
                "uint8": 1, "char": 1, "int8": 1, "bool": 1, "short": 2, "int16": 2, "Float": 4, "Half": 2,
@@ -163,13 +167,16 @@ def _read_cpu(trace: RankTrace, events: list[dict[str, Any]], main_tid: Any) -> 
         if span is None:
             continue
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        if e.get("tid") == main_tid and e.get("cat") == "cpu_op":
+        on_main = e.get("tid") == main_tid
+        if on_main and e.get("cat") == "cpu_op":
             if span.name.startswith(ISSUE_PREFIXES):
                 if span.name.startswith("c10d::"):
                     issues.append((span, args))
             else:
                 trace.compute.append(span)
-        elif e.get("tid") != main_tid and span.name.startswith(COMM_PREFIXES):
+        elif on_main and span.name.startswith(QUEUE_PREFIXES):
+            issues.append((span, args))
+        elif not on_main and span.name.startswith(COMM_PREFIXES):
             comms.append((span, args))
     trace.collectives = _pair(issues, comms)
 

@@ -2,7 +2,8 @@
 
 A trace's ops are matched to the graph's by kind and order within a step: the k-th ``aten::mm`` of
 the backward in the trace is the graph's k-th backward ``aten.mm`` (engine order), for every kind the
-graph has (outermost occurrences only: an ``aten::clone`` inside another is part of it). A trace op
+graph has (an op the importer split in parts, a convolution's backward into its input- and
+weight-gradient halves, is one traced ``aten::convolution_backward``, shared by the parts' FLOPs) (outermost occurrences only: an ``aten::clone`` inside another is part of it). A trace op
 is forward before the step's first ``autograd::engine`` event, backward after it, until the
 optimizer's span. On CUDA an op's time is its kernels' (by correlation); on CPU the op's own span.
 Each matched graph op takes its median over the trace's steps; unmatched ops keep their estimates.
@@ -25,6 +26,9 @@ from .kineto import STEP, span_of, trace_events
 from .orders import engine_order
 
 __all__ = ["TraceCosts", "trace_costs"]
+
+#: The parts an importer splits one op into (:mod:`schedopt.backward`): one traced op ran them all.
+SPLIT_PARTS = ("grad_input", "grad_weight")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,33 @@ def _step_ops(events: list[dict], window: tuple[float, float], tid: Any) -> tupl
     return out, length(union((s.start, s.end) for s, _ in mine if s.start < optimizer))
 
 
+def _graph_ops_by_kind(graph: TrainGraph) -> dict[tuple[str, str], list[list[tuple[str, float]]]]:
+    """{(kind, phase): [unit, ...] in engine order}: a unit is the graph's ops one traced op ran, each with
+    its share of the op's time: one op, or the parts of one the importer split (a convolution's backward
+    into ``.grad_input`` and ``.grad_weight``, of kind ``aten.convolution_backward``), shared by FLOPs."""
+    by_kind: dict[tuple[str, str], list[list[tuple[str, float]]]] = {}
+    last: dict[tuple[str, str], str] = {}  # the node of each kind's last unit
+    for op_id in engine_order(graph):
+        op = graph.ops[op_id]
+        if op.phase not in ("forward", "backward"):
+            continue
+        base, _, part = op.kind.rpartition(".")
+        split = part in SPLIT_PARTS and op_id.endswith("." + part)
+        key, node = ((base, op.phase), op_id.rpartition(".")[0]) if split else ((op.kind, op.phase), op_id)
+        units = by_kind.setdefault(key, [])
+        if split and units and last.get(key) == node:
+            units[-1].append((op_id, 0.0))
+        else:
+            units.append([(op_id, 0.0)])
+        last[key] = node
+    for units in by_kind.values():
+        for k, unit in enumerate(units):
+            weights = [graph.ops[o].flops for o, _ in unit]
+            weights = weights if sum(weights) > 0 else [1.0] * len(unit)
+            units[k] = [(o, w / sum(weights)) for (o, _), w in zip(unit, weights)]
+    return by_kind
+
+
 def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
     """``graph`` with the op times of the trace at ``path`` (a CPU trace of the same model's training).
 
@@ -79,24 +110,22 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
     steps = [(s, e.get("tid")) for e in events if STEP.match(str(e.get("name", ""))) and (s := span_of(e)) is not None]
     if not steps:
         raise TraceError(f"trace file {str(path)!r} has no ProfilerStep#N spans to take op times from")
-    order = [o for o in engine_order(graph) if graph.ops[o].phase in ("forward", "backward")]
-    by_kind: dict[tuple[str, str], list[str]] = {}
-    for op_id in order:
-        op = graph.ops[op_id]
-        by_kind.setdefault((op.kind, op.phase), []).append(op_id)
+    by_kind = _graph_ops_by_kind(graph)
     samples: dict[str, list[float]] = {}
     compute, explained = 0.0, 0.0
     for span, tid in steps:
         ops, busy = _step_ops(events, (span.start, span.end), tid)
         compute += busy
-        for key, op_ids in by_kind.items():
-            for op_id, took in zip(op_ids, ops.get(key, [])):
-                samples.setdefault(op_id, []).append(took)
+        for key, units in by_kind.items():
+            for unit, took in zip(units, ops.get(key, [])):
+                for op_id, share in unit:
+                    samples.setdefault(op_id, []).append(took * share)
                 explained += took
     if not samples:
         raise TraceError(f"trace file {str(path)!r} has no op of the graph's kinds (aten ops of {graph.name!r}); "
                          "is it a trace of this model's training?")
     durations = {op_id: statistics.median(v) for op_id, v in samples.items()}
     traced = graph.with_durations(durations, meta={"costs": f"trace {Path(path).name}"})
-    return TraceCosts(graph=traced, matched_ops=len(durations), graph_ops=len(order),
+    return TraceCosts(graph=traced, matched_ops=len(durations), graph_ops=sum(len(u) for units in by_kind.values()
+                                                                              for u in units),
                       explained_share=explained / compute if compute > 0 else 0.0, steps=len(steps))

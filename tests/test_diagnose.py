@@ -167,7 +167,7 @@ def _profiled_run(out: Path) -> subprocess.CompletedProcess:
                                                             "MASTER_PORT")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "examples" / "train.py"), "tiny_gpt", "--ddp", "--steps", "4", "--warmup", "1",
-           "--threads", "1", "--quiet", "--profile", str(out)]
+           "--threads", "1", "--quiet", "--profile", str(out), "--profile-sizes"]
     hung = []
     for _ in range(2):
         try:
@@ -194,3 +194,26 @@ def test_import_with_a_trace_that_is_not_the_model_s_says_so(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1 and "no op of the graph's kinds" in err[0], err
     assert not (tmp_path / "g.json").exists()
+
+
+def test_a_convolution_s_backward_is_one_traced_op_shared_by_its_two_parts(tmp_path):
+    """The importer splits a convolution's backward into input- and weight-gradient parts; the trace has one
+    ``aten::convolution_backward``: both parts take it, in proportion to their FLOPs, and sum to it."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    model, inputs, loss_fn = _factory("tiny_cnn")
+    graph = from_torch(model, inputs, loss_fn=loss_fn, name="tiny_cnn")
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(tmp_path / "rank0.json"))) as prof:
+        for _ in range(3):
+            model.zero_grad()
+            loss_fn(model(*inputs), *inputs).backward()
+            prof.step()
+    costs = trace_costs(graph, tmp_path / "rank0.json")
+    parts = [o for o in graph.ops.values() if o.kind.startswith("aten.convolution_backward.")]
+    assert len(parts) >= 3 and all(costs.graph.ops[o.id].duration_s != o.duration_s for o in parts)
+    assert costs.explained_share > 0.5, costs.describe()
+    halves = {o.id.rpartition(".")[0] for o in parts if o.id.endswith(".grad_input")}
+    for node in halves:
+        a, b = (costs.graph.ops[f"{node}.{p}"] for p in ("grad_input", "grad_weight"))
+        assert a.duration_s / b.duration_s == pytest.approx(graph.ops[a.id].flops / graph.ops[b.id].flops, rel=1e-6)
