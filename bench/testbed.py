@@ -8,7 +8,12 @@ What it does (as root; everything it creates is removed however it exits):
    here, so the cap is bandwidth only). One compute thread per rank (``--pin``: rank k on CPU k only), gloo
    over the veth (``GLOO_SOCKET_IFNAME``), launched with plain torchrun
    (``--nnodes 2``), one node per namespace.
-2. ``schedopt calibrate`` on that link: the cluster JSON.
+2. ``schedopt calibrate`` on that link: the cluster JSON. With ``--rate balanced`` the rate is the
+   machine's: the model is profiled first (step 3), and the link capped where the calibrated
+   all-reduce of every gradient takes as long as the profiled compute (within 10%, re-capped and
+   re-calibrated up to three times); the rows' ``rate`` says which rate that was. Machines of this
+   kind differ by 1.6x in compute speed, so one fixed rate is balanced on one and comm-bound on the
+   other.
 3. ``schedopt profile`` of the model on this CPU, both ranks' processes
    profiling at once (as they compute at once when training). The plans are
    made from this profile. Again (3 iterations) just before every run of
