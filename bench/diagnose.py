@@ -22,7 +22,9 @@ The three checks, per model:
   network. The figure is the largest difference over the steps, as a share of the step;
 - **DDP step**: the trace-built graph's simulated DDP step against the traced run's measured step
   (the median over steps of the slower rank's; the trace's op times carry the profiler's overhead,
-  so the traced step is what they predict), and beside it the unprofiled runs' period;
+  so the traced step is what they predict), and beside it the unprofiled runs' period. Both
+  predictions run on the what-if's rank model (``schedopt.ranks``: both ranks, their op times varying
+  as the traces say; the row keeps it, and the plan's one-rank figure beside);
 - **gain**: the predicted gain of the plan (predicted DDP over the plan's predicted step) against the
   measured one (the median over rounds of DDP's period over the plan's).
 
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_model(args, model: str, link: Link, work: Path, *, deadline: float) -> dict:
     """Steps 1-4 for one model; its row."""
-    from schedopt import Plan, TrainGraph
+    from schedopt import TrainGraph
 
     def left() -> float:
         if (rest := deadline - time.monotonic()) <= 0:
@@ -145,9 +147,20 @@ def run_model(args, model: str, link: Link, work: Path, *, deadline: float) -> d
             run_ = train(args, link, model, work, f"{mode}.{round_}", left, plan=plan if mode == "overlap" else None)
             periods[mode].append(run_period(run_["record"]))
             print(f"  round {round_} {mode:8s} {periods[mode][-1] * 1e3:.1f} ms per step")
-    planned = Plan.load(plan).predicted.iteration_s
+    planned = planned_period(graph, cluster, plan, ddp["diagnosis"]["what_if"]["rank_model"])
     return model_row(model, link.rate, imported.strip().splitlines(), ddp, overlap, periods, planned,
                      json.loads(cluster.read_text()))
+
+
+def planned_period(graph: Path, cluster: Path, plan: Path, ranks: dict) -> dict:
+    """The plan's predicted period: as ``schedopt plan`` wrote it (one rank) and on the what-if's rank model."""
+    from schedopt import Cluster, Plan, Problem, TrainGraph
+    from schedopt.ranks import RankModel, simulate_ranks
+
+    problem = Problem(graph=TrainGraph.load(graph), cluster=Cluster.from_json(json.loads(cluster.read_text())),
+                      mode="overlap")
+    loaded = Plan.load(plan)
+    return {"one_rank_s": loaded.predicted.iteration_s, "ranks_s": simulate_ranks(problem, loaded, RankModel(**ranks)).period}
 
 
 def train(args, link: Link, model: str, work: Path, name: str, left, *, profile: bool = False,
@@ -193,10 +206,10 @@ def exposure_pairs(run_: dict) -> list[dict]:
 
 
 def model_row(model: str, rate: str, imported: list[str], ddp: dict, overlap: dict, periods: dict,
-              planned_s: float, cluster: dict) -> dict:
+              planned: dict, cluster: dict) -> dict:
     whatif = ddp["diagnosis"]["what_if"]
     measured_gain = round_ratio(periods["ddp"], periods["overlap"])
-    predicted_gain = whatif["predicted_ddp_s"] / planned_s
+    predicted_gain = whatif["predicted_ddp_s"] / planned["ranks_s"]
     exposure = {mode: exposure_pairs(run_) for mode, run_ in (("ddp", ddp), ("overlap", overlap))}
     worst = max(p["difference_of_step"] for pairs in exposure.values() for p in pairs)
     step_error = whatif["prediction_error"]
@@ -206,7 +219,8 @@ def model_row(model: str, rate: str, imported: list[str], ddp: dict, overlap: di
         "exposure": exposure, "exposure_worst_of_step": worst,
         "traced_ddp_s": whatif["measured_ddp_s"], "predicted_ddp_s": whatif["predicted_ddp_s"],
         "ddp_step_error": step_error, "unprofiled_ddp_s": statistics.median(periods["ddp"]),
-        "best": whatif["best"], "plan_predicted_s": planned_s, "periods_s": periods,
+        "rank_model": whatif["rank_model"], "best": whatif["best"], "plan_predicted_s": planned["ranks_s"],
+        "plan_predicted_one_rank_s": planned["one_rank_s"], "periods_s": periods,
         "predicted_gain": predicted_gain, "measured_gain": measured_gain, "gain_error": gain_error,
         "holds": {"exposure": worst <= EXPOSURE_TOLERANCE, "ddp_step": abs(step_error) <= STEP_TOLERANCE,
                   "gain": abs(gain_error) <= GAIN_TOLERANCE},

@@ -55,6 +55,7 @@ from .shard_sim import run_sharded_step, sharded_lower_bound
 from .steady import Machine, StepProgram, run_steady_state
 
 __all__ = [
+    "step_program",
     "Event",
     "Window",
     "Timeline",
@@ -392,23 +393,44 @@ def _first_readers_of_buckets(graph: TrainGraph, compute_ops: list[str], home: M
     return needs, [k for k in range(num_buckets) if k not in claimed]
 
 
-def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
-    """The steady state of :mod:`.steady` with every op, and its events and windows."""
+def step_program(problem: Problem, plan: Plan) -> StepProgram:
+    """``plan``'s step as the engines run it (:mod:`.steady`, :mod:`.ranks`): every compute op a position.
+
+    ``overlap`` and ``osp``: each bucket settles before its first reader of the next step (lag 1, or
+    2 for osp's stage 2). ``barrier``: every bucket settles at the end of the step on this step's
+    collectives (lag 0), then the optimizer runs (the last position).
+    """
     graph, cluster = problem.graph, problem.cluster
     compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
     position = {op_id: j for j, op_id in enumerate(compute_ops)}
-    home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
-    needs, unread = _first_readers_of_buckets(graph, compute_ops, home, len(plan.buckets))
-    settle = {position[op_id]: ks for op_id, ks in needs.items()}
-    if unread:
-        settle[len(compute_ops)] = unread
     layout = chunk_layout(graph, plan)
-    update_s = _update_costs(graph, plan)
-    program = StepProgram(
-        work=[graph.ops[o].duration_s for o in compute_ops], settle=settle, update=update_s,
+    work = [graph.ops[o].duration_s for o in compute_ops]
+    if problem.mode == "barrier":
+        settle, update, lag = {len(work): list(range(len(plan.buckets)))}, [0.0] * len(plan.buckets), [0] * len(plan.buckets)
+        work.append(graph.totals.optimizer_s)
+    else:
+        home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
+        needs, unread = _first_readers_of_buckets(graph, compute_ops, home, len(plan.buckets))
+        settle = {position[op_id]: ks for op_id, ks in needs.items()}
+        if unread:
+            settle[len(compute_ops)] = unread
+        update, lag = _update_costs(graph, plan), [b.stage for b in plan.buckets]
+    return StepProgram(
+        work=work, settle=settle, update=update,
         chunk_ready=[max((position[graph.params[n].grad_op] for n in c.params), default=-1) for c in layout],
         chunk_bucket=[c.bucket for c in layout], chunk_time=[cluster.allreduce_s(c.nbytes) for c in layout],
-        interference=cluster.effective_interference, lag=[b.stage for b in plan.buckets])
+        interference=cluster.effective_interference, lag=lag)
+
+
+def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
+    """The steady state of :mod:`.steady` with every op, and its events and windows."""
+    graph = problem.graph
+    compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
+    position = {op_id: j for j, op_id in enumerate(compute_ops)}
+    home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
+    layout = chunk_layout(graph, plan)
+    program = step_program(problem, plan)
+    update_s = program.update
     events: list[Event] = []
     # per step: when each gradient was ready, when the stream reached each bucket's first reader, synced
     history: list[tuple[dict[str, float], dict[int, float], dict[str, float]]] = []

@@ -14,6 +14,7 @@ traced steps' compute time the matched ops explain.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,11 +41,13 @@ class TraceCosts:
     graph_ops: int
     explained_share: float  # of the traced steps' compute time, what the matched ops account for
     steps: int
+    op_spread: float = 0.0  # the matched ops' pooled coefficient of variation over the steps (op_spread())
 
     def describe(self) -> str:
         return (f"trace costs: {self.matched_ops} of {self.graph_ops} ops matched ({self.matched_ops / self.graph_ops:.0%}),"
                 f" explaining {self.explained_share:.0%} of the traced compute over {self.steps} step(s); "
-                f"{self.graph_ops - self.matched_ops} keep their estimates")
+                f"{self.graph_ops - self.matched_ops} keep their estimates; op times vary {self.op_spread:.0%} "
+                "from step to step")
 
 
 def _outermost(spans: list[tuple[str, float, float, Any]]) -> list[tuple[str, float, float, Any]]:
@@ -125,7 +128,18 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
         raise TraceError(f"trace file {str(path)!r} has no op of the graph's kinds (aten ops of {graph.name!r}); "
                          "is it a trace of this model's training?")
     durations = {op_id: statistics.median(v) for op_id, v in samples.items()}
-    traced = graph.with_durations(durations, meta={"costs": f"trace {Path(path).name}"})
+    spread = op_spread(samples)
+    traced = graph.with_durations(durations, meta={"costs": f"trace {Path(path).name}", "op_spread": spread})
     return TraceCosts(graph=traced, matched_ops=len(durations), graph_ops=sum(len(u) for units in by_kind.values()
                                                                               for u in units),
-                      explained_share=explained / compute if compute > 0 else 0.0, steps=len(steps))
+                      explained_share=explained / compute if compute > 0 else 0.0, steps=len(steps),
+                      op_spread=spread)
+
+
+def op_spread(samples: dict[str, list[float]]) -> float:
+    """The ops' coefficient of variation over the traced steps, pooled by time: the root of the
+    time-weighted mean of each op's squared CV (ops seen in one step only do not count)."""
+    weighted = [(statistics.fmean(v), statistics.stdev(v) / statistics.fmean(v)) for v in samples.values()
+                if len(v) > 1 and statistics.fmean(v) > 0]
+    total = sum(m for m, _ in weighted)
+    return math.sqrt(sum(m * cv * cv for m, cv in weighted) / total) if total > 0 else 0.0

@@ -6,6 +6,14 @@ all-reduces (their bytes and how long each ran, :func:`schedopt.cluster.calibrat
 (``pytorch-ddp``) is simulated beside the measured step (the median over steps of the slowest
 rank's), and every solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step
 per mode, its solver, and its speedup over the predicted DDP step.
+
+Every figure is the rank model's (:mod:`schedopt.ranks`): the trace's ranks, their op times varying as
+the traces say. Two spreads, both coefficients of variation: the ops' (``op_spread`` in the graph's meta,
+from :func:`schedopt.trace_costs.op_spread`: one op's time from step to step) and the steps' (each
+rank's compute per step, from the diagnosis). An op's measured spread holds the step's common part as
+well, and a step's the ops' independent parts (shrunk by how evenly the time spreads over the ops,
+``H = sum(d^2) / sum(d)^2``): with the step's common CV ``c`` and the op's own ``o``,
+``op^2 = c^2 + o^2`` and ``step^2 = c^2 + o^2 H``, solved for ``c`` and ``o``.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ from .diagnose import Diagnosis
 from .errors import SchedoptError, SolverError
 from .graph import TrainGraph
 from .problem import Problem
+from .ranks import RankModel, simulate_ranks
 
-__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace"]
+__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model"]
 
 MODES = ("barrier", "overlap", "osp")
 
@@ -31,18 +40,21 @@ class WhatIf:
     predicted_ddp_s: float
     cluster: Cluster
     best: dict[str, tuple[str, float]]  # mode -> (solver, predicted step)
+    ranks: RankModel = RankModel()
 
     def to_json(self) -> dict[str, Any]:
         return {"measured_ddp_s": self.measured_ddp_s, "predicted_ddp_s": self.predicted_ddp_s,
                 "prediction_error": (self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s,
                 "cluster": self.cluster.to_json(),
+                "rank_model": {"ranks": self.ranks.ranks, "op_spread": self.ranks.op_spread,
+                               "step_spread": self.ranks.step_spread, "seed": self.ranks.seed},
                 "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t}
                          for m, (s, t) in self.best.items()}}
 
     def describe(self) -> str:
         lines = [f"DDP's step: measured {self.measured_ddp_s * 1e3:.1f} ms (median, the slower rank's), predicted "
                  f"{self.predicted_ddp_s * 1e3:.1f} ms ({(self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s:+.1%})"
-                 f" on {self.cluster.describe()}"]
+                 f" on {self.cluster.describe()}", f"  rank model: {self.ranks.describe()}"]
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
                   for mode, (solver, t) in self.best.items()]
         return "\n".join(lines)
@@ -61,19 +73,33 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
     return calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
 
 
+def rank_model(report: Diagnosis, graph: TrainGraph, *, seed: int = 0) -> RankModel:
+    """The traced ranks, their op times varying as the traces say (see the module docstring)."""
+    computes = [s.compute_s for s in report.steps if s.compute_s > 0]
+    step = statistics.stdev(computes) / statistics.fmean(computes) if len(computes) > 1 else 0.0
+    op = float(graph.meta.get("op_spread", 0.0) or 0.0)
+    d = [o.duration_s for o in graph.ops.values() if o.phase != "optimizer"]
+    h = sum(x * x for x in d) / sum(d) ** 2 if sum(d) > 0 else 1.0
+    common = (max(0.0, (step * step - op * op * h) / (1 - h)) if h < 1 else 0.0) ** 0.5
+    common = min(common, op) if op > 0 else common
+    own = max(0.0, op * op - common * common) ** 0.5
+    return RankModel(ranks=max(1, report.world_size or 1), op_spread=min(own, 5.0), step_spread=min(common, 5.0),
+                     seed=seed)
+
+
 def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None = None, *,
                     time_limit_s: float = 10.0, seed: int = 0) -> WhatIf:
     """See the module docstring."""
-    from .simulate import simulate
     from .solvers import get, solvers_for
 
     cluster = cluster or cluster_from_trace(report)
+    ranks = rank_model(report, graph, seed=seed)
     by_step: dict[int, float] = {}
     for s in report.steps:
         by_step[s.step] = max(by_step.get(s.step, 0.0), s.step_s)
     measured = statistics.median(by_step.values())
     barrier = Problem(graph=graph, cluster=cluster, mode="barrier")
-    ddp = simulate(barrier, get("pytorch-ddp")(barrier, seed=seed)).iteration_s
+    ddp = simulate_ranks(barrier, get("pytorch-ddp")(barrier, seed=seed), ranks).period
     best: dict[str, tuple[str, float]] = {}
     for mode in MODES:
         problem = Problem(graph=graph, cluster=cluster, mode=mode)
@@ -82,7 +108,7 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
                 plan = get(name)(problem, seed=seed, **({"time_limit_s": time_limit_s} if name == "cpsat" else {}))
             except SolverError:
                 continue
-            t = plan.predicted.iteration_s
+            t = simulate_ranks(problem, plan, ranks).period
             if mode not in best or t < best[mode][1]:
                 best[mode] = (name, t)
-    return WhatIf(measured_ddp_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best)
+    return WhatIf(measured_ddp_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks)

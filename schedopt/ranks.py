@@ -1,0 +1,186 @@
+"""Every rank: each runs its own compute, and a collective starts when the last rank issues it.
+
+:func:`schedopt.simulate.simulate` runs one rank and takes it for all of them: the same op times
+everywhere, so each collective starts as soon as that one rank issues it. Real ranks differ from
+step to step (the profiler's traces of two gloo ranks on one machine: a rank's compute from 0.49 to
+0.76 s in the same three steps), and an all-reduce waits for the slowest; the more ranks, the slower
+the slowest. The rank model runs the same step program (:class:`.steady.StepProgram`, the steady
+state's semantics) on ``ranks`` ranks at once:
+
+- each rank's op at position j takes ``work[j] * f_op * f_step``: ``f_op`` is drawn per op, rank and
+  step, ``f_step`` per rank and step (contention that slows all of a rank's ops at once); both are
+  log-normal with median 1 (the op times are medians) and the given coefficients of variation;
+- a chunk is issued when the last rank issues it (its gradients ready there, the chunk before it
+  issued) and starts when the channel is free; every rank's settle waits for the same end;
+- with interference, a rank's compute is slowed while any collective is on the wire (one channel);
+- the period is the mean step time (the ranks' mean clock) after a warm-up, over enough steps that
+  the 95% interval of the mean is within 1% of it (``stable``), at most ``max_steps``.
+
+Positions run in order across all ranks: a chunk issued after position j starts after every rank has
+ended j, so no rank's earlier op can overlap a chunk it has not seen yet. Without variation every rank
+is the one rank of :func:`~schedopt.simulate.simulate`, whose figure the caller takes as it is.
+
+In ``barrier`` mode the program settles every bucket at the end of the step with lag 0 (this step's
+collectives), and the optimizer runs after: ``simulate``'s barrier semantics.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UnitError
+from .steady import Machine, StepProgram
+
+__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "WARMUP_STEPS", "MAX_RANK_STEPS"]
+
+#: Steps run before the period is measured; steps at most: MAX_RANK_STEPS, or up to 4000 where a step
+#: of every rank has fewer than _CHEAP_STEPS / 4000 positions (one noisy rank needs ~1500 for 1% at 20%).
+WARMUP_STEPS, MAX_RANK_STEPS, _CHEAP_STEPS = 5, 400, 4_000_000
+_MIN_MEASURED, _STABLE = 30, 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class RankModel:
+    """``ranks`` ranks whose op times vary (coefficients of variation), drawn with ``seed``."""
+
+    ranks: int = 1
+    op_spread: float = 0.0
+    step_spread: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.ranks, int) and not isinstance(self.ranks, bool) and 1 <= self.ranks <= 100_000):
+            raise UnitError(f"ranks must be an integer from 1 to 100000, got {self.ranks!r}")
+        for name in ("op_spread", "step_spread"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 5):
+                raise UnitError(f"{name} must be a coefficient of variation from 0 to 5, got {v!r}")
+
+    @property
+    def varies(self) -> bool:
+        return self.op_spread > 0 or self.step_spread > 0
+
+    def describe(self) -> str:
+        return (f"{self.ranks} rank(s), op times varying {self.op_spread:.1%} per op and {self.step_spread:.1%} "
+                f"per rank and step (seed {self.seed})")
+
+
+@dataclass(frozen=True, slots=True)
+class RankRun:
+    """The mean ``period`` over ``steps`` measured steps; ``stable``: its 95% interval within 1%."""
+
+    period: float
+    steps: int
+    stable: bool
+
+
+def _sigma(cv: float) -> float:
+    """The log-normal's sigma for a coefficient of variation."""
+    return math.sqrt(math.log1p(cv * cv))
+
+
+class _Ranks:
+    """The ranks' clocks: each position's work from each rank's clock, slowed by the channel's busy
+    intervals (one :class:`.steady.Machine` per rank over shared lists) when there is interference."""
+
+    def __init__(self, ranks: int, interference: float) -> None:
+        self.t = np.zeros(ranks)
+        self.machines = [Machine(interference) for _ in range(ranks)] if interference > 0 else []
+        self.busy_start: list = []
+        self.busy_end: list = []
+        for m in self.machines:
+            m.busy_start, m.busy_end = self.busy_start, self.busy_end
+
+    def run(self, work: np.ndarray) -> None:
+        if not self.machines:
+            self.t += work
+            return
+        for r, m in enumerate(self.machines):
+            self.t[r] = m.advance(self.t[r], work[r])
+
+    def wait(self, until: float) -> None:
+        np.maximum(self.t, until, out=self.t)
+
+    def busy(self, start: float, end: float) -> None:
+        self.busy_start.append(start)
+        self.busy_end.append(end)
+
+
+def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None = None) -> RankRun:
+    """Run ``program`` on ``model.ranks`` ranks (see the module docstring); a lag of 0 settles a bucket
+    on this step's collectives (``barrier``)."""
+    work, settle, update = np.asarray(program.work, float), program.settle, np.asarray(program.update, float)
+    if max_steps is None:
+        max_steps = min(4000, max(MAX_RANK_STEPS, _CHEAP_STEPS // max(1, (len(work) + len(update)) * model.ranks)))
+    chunk_ready, chunk_bucket, chunk_time = program.chunk_ready, program.chunk_bucket, program.chunk_time
+    n, num_chunks, num_buckets = len(work), len(chunk_time), len(update)
+    lag = program.lag or [1] * num_buckets
+    rng = np.random.default_rng(model.seed)
+    s_op, s_step = _sigma(model.op_spread), _sigma(model.step_spread)
+    ranks = _Ranks(model.ranks, program.interference)
+    history: list[list[float]] = []
+    clocks: list[float] = [0.0]
+    issued = channel = 0.0
+    for step in range(max_steps):
+        f = np.exp(s_op * rng.standard_normal((n + num_buckets, model.ranks)) + s_step * rng.standard_normal(model.ranks))
+        w, u = work[:, None] * f[:n], update[:, None] * f[n:]
+        done = [0.0] * num_buckets
+        c = 0
+        for j in range(-1, n + 1):
+            if j >= 0:
+                for k in settle.get(j, ()):
+                    if lag[k] and not step:
+                        continue
+                    ready = done[k] if lag[k] == 0 else history[-lag[k]][k] if len(history) >= lag[k] else 0.0
+                    ranks.wait(ready)
+                    ranks.run(u[k])
+                if j == n:
+                    break
+                ranks.run(w[j])
+            while c < num_chunks and chunk_ready[c] <= j:  # issued by the last rank, FIFO
+                issued = max(issued, float(ranks.t.max()))
+                begin = max(issued, channel)
+                channel = begin + chunk_time[c]
+                ranks.busy(begin, channel)
+                done[chunk_bucket[c]] = max(done[chunk_bucket[c]], channel)
+                c += 1
+        history = [*history[-1:], done]
+        clocks.append(float(ranks.t.mean()))
+        if _settled(clocks):
+            break
+    periods = np.diff(clocks[WARMUP_STEPS + 1:]) if len(clocks) > WARMUP_STEPS + 2 else np.diff(clocks)
+    return RankRun(period=float(periods.mean()), steps=len(periods), stable=_settled(clocks))
+
+
+def _settled(clocks: list[float]) -> bool:
+    """True once the mean period after the warm-up has a 95% interval within 1% of it."""
+    periods = np.diff(clocks[WARMUP_STEPS + 1:])
+    if len(periods) < _MIN_MEASURED:
+        return False
+    mean = float(periods.mean())
+    return mean > 0 and 1.96 * statistics.stdev(periods.tolist()) / math.sqrt(len(periods)) <= _STABLE * mean
+
+
+def simulate_ranks(problem, plan, model: RankModel) -> RankRun:
+    """``plan``'s period on ``model``'s ranks (``barrier``, ``overlap`` or ``osp``); without variation,
+    :func:`~schedopt.simulate.simulate`'s figure itself.
+
+    Raises:
+        InvalidPlanError: a sharded plan (its units run on :mod:`.shard_sim`, one rank), or one that does
+            not fit the graph.
+    """
+    from .errors import InvalidPlanError
+    from .plan import validate
+    from .simulate import simulate, step_program
+
+    if problem.mode == "sharded":
+        raise InvalidPlanError("the rank model runs barrier, overlap and osp plans; sharded plans run on one rank")
+    if not model.varies:
+        timeline = simulate(problem, plan)
+        return RankRun(period=timeline.iteration_s, steps=timeline.num_steps, stable=timeline.converged is not False)
+    validate(plan, problem.graph)
+    return run_ranks(step_program(problem, plan), model)

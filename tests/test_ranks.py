@@ -1,0 +1,110 @@
+"""The rank model: one rank without variation is the simulator; with variation, the slowest rank decides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schedopt import Cluster, Problem, simulate
+from schedopt.errors import InvalidPlanError, UnitError
+from schedopt.ranks import RankModel, simulate_ranks
+from schedopt.solvers import get
+from schedopt.synthetic import transformer_like
+
+MODES = [("barrier", "pytorch-ddp"), ("barrier", "mgwfbp"), ("overlap", "pytorch-ddp"), ("osp", "pytorch-ddp")]
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return transformer_like(4, hidden=512, num_heads=8, seq_len=128, vocab_size=8000)
+
+
+def _problem(graph, mode, *, interference=0.2, bandwidth=4e9, latency=20e-6):
+    cluster = Cluster(world_size=4, bandwidth_Bps=bandwidth, latency_s=latency, interference=interference)
+    return Problem(graph=graph, cluster=cluster, mode=mode)
+
+
+@pytest.mark.parametrize("mode,solver", MODES)
+def test_without_variation_it_is_the_simulator_s_figure(graph, mode, solver):
+    problem = _problem(graph, mode)
+    plan = get(solver)(problem, seed=0)
+    assert simulate_ranks(problem, plan, RankModel(ranks=64)).period == simulate(problem, plan).iteration_s
+
+
+@pytest.mark.parametrize("mode,solver", MODES)
+def test_the_engine_of_many_ranks_with_next_to_no_variation_agrees_with_the_simulator(graph, mode, solver):
+    """Three ranks whose ops vary by 1e-9: the rank engine's own loop (the barrier program, shared busy
+    intervals under interference) lands on the one-rank simulator's period."""
+    problem = _problem(graph, mode)
+    plan = get(solver)(problem, seed=0)
+    run = simulate_ranks(problem, plan, RankModel(ranks=3, op_spread=1e-9))
+    assert run.stable and run.period == pytest.approx(simulate(problem, plan).iteration_s, rel=1e-6)
+
+
+def test_a_collective_waits_for_the_slowest_rank(graph):
+    """With a (nearly) free network, a barrier step is the slowest rank's forward and backward, then
+    each rank's own optimizer: the largest of ``ranks`` log-normal draws, checked with numpy's draws."""
+    problem = _problem(graph, "barrier", interference=0.0, bandwidth=1e15, latency=0.0)
+    plan = get("pytorch-ddp")(problem, seed=0)
+    totals = graph.totals
+    spread, sigma = 0.2, np.sqrt(np.log1p(0.2 ** 2))
+    draws = np.exp(sigma * np.random.default_rng(1).standard_normal((200_000, 4)))
+    for ranks in (1, 4):
+        run = simulate_ranks(problem, plan, RankModel(ranks=ranks, step_spread=spread, seed=3))
+        expected = ((totals.forward_s + totals.backward_s) * draws[:, :ranks].max(axis=1).mean()
+                    + totals.optimizer_s * draws.mean())
+        assert run.stable and run.period == pytest.approx(expected, rel=0.03), (ranks, run)
+
+
+def test_more_ranks_are_slower_and_the_seed_repeats(graph):
+    problem = _problem(graph, "overlap")
+    plan = get("pytorch-ddp")(problem, seed=0)
+    periods = [simulate_ranks(problem, plan, RankModel(ranks=r, op_spread=0.1, step_spread=0.05)).period
+               for r in (1, 8, 64)]
+    assert periods[0] < periods[1] < periods[2]
+    again = simulate_ranks(problem, plan, RankModel(ranks=8, op_spread=0.1, step_spread=0.05))
+    assert again.period == periods[1]
+    other = simulate_ranks(problem, plan, RankModel(ranks=8, op_spread=0.1, step_spread=0.05, seed=7))
+    assert other.period == pytest.approx(periods[1], rel=0.02)  # stable to 1% each
+
+
+@pytest.mark.parametrize("kwargs", [{"ranks": 0}, {"ranks": 2.5}, {"op_spread": -0.1},
+                                    {"step_spread": float("nan")}, {"op_spread": 6}])
+def test_a_bad_rank_model_is_refused(kwargs):
+    with pytest.raises(UnitError):
+        RankModel(**kwargs)
+
+
+def test_sharded_plans_are_refused(graph):
+    problem = _problem(graph, "sharded")
+    plan = get("fsdp-per-block")(problem, seed=0)
+    with pytest.raises(InvalidPlanError, match="sharded"):
+        simulate_ranks(problem, plan, RankModel(ranks=2, op_spread=0.1))
+
+
+def _report(computes_by_rank):
+    from schedopt.diagnose import Diagnosis, StepRow
+
+    steps = [StepRow(rank=r, step=k, step_s=1.0, compute_s=c, comm_s=0.0, exposed_comm_s=0.0)
+             for r, row in enumerate(computes_by_rank) for k, c in enumerate(row)]
+    return Diagnosis(device="cpu", world_size=len(computes_by_rank), files=[], steps=steps)
+
+
+def test_the_traces_spreads_split_into_the_step_s_common_part_and_each_op_s_own(graph):
+    """op^2 = c^2 + o^2 and step^2 = c^2 + o^2 H (H: the ops' Herfindahl index of time), solved back."""
+    from schedopt.whatif import rank_model
+
+    d = [o.duration_s for o in graph.ops.values() if o.phase != "optimizer"]
+    h = sum(x * x for x in d) / sum(d) ** 2
+    common, own = 0.12, 0.3
+    op, step = (common ** 2 + own ** 2) ** 0.5, (common ** 2 + own ** 2 * h) ** 0.5
+    a, b = 1 - step, 1 + step
+    computes = [[a, b, a, b], [b, a, b, a]]  # sample CV of the eight: step * sqrt(8/7)
+    traced = graph.with_durations({}, meta={"op_spread": op})
+    model = rank_model(_report(computes), traced)
+    step_measured = step * (8 / 7) ** 0.5
+    assert model.ranks == 2
+    assert model.step_spread ** 2 == pytest.approx((step_measured ** 2 - op ** 2 * h) / (1 - h), rel=1e-9)
+    assert model.op_spread ** 2 + model.step_spread ** 2 == pytest.approx(op ** 2, rel=1e-9)
+    steady = rank_model(_report([[1.0, 1.0], [1.0, 1.0]]), graph.with_durations({}, meta={"op_spread": 0.0}))
+    assert (steady.op_spread, steady.step_spread, steady.varies) == (0.0, 0.0, False)
