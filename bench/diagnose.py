@@ -21,8 +21,9 @@ The three checks, per model:
   return; DDP waits there for its last buckets) plus, for the plan, the forward's waits for the
   network. The figure is the largest difference over the steps, as a share of the step;
 - **DDP step**: the trace-built graph's simulated DDP step against the traced run's measured step
-  (the median over steps of the slower rank's; the trace's op times carry the profiler's overhead,
-  so the traced step is what they predict), and beside it the unprofiled runs' period. Both
+  (the slower rank's mean step, a period as every run here is measured; the trace's op times carry
+  the profiler's overhead, so the traced step is what they predict), and beside it the unprofiled
+  runs' period. Both
   predictions run on the what-if's rank model (``schedopt.ranks``: both ranks, their op times varying
   as the traces say; the row keeps it, and the plan's one-rank figure beside);
 - **gain**: the predicted gain of the plan (predicted DDP over the plan's predicted step) against the

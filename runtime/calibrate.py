@@ -10,7 +10,14 @@ Steps:
    still fits the time limit (predicted from the last size's time, times 4)
    and broadcasts the decision, so every rank runs the same collectives.
 3. Each size's time is the slowest rank's median. :func:`schedopt.cluster.calibrate`
-   fits alpha and beta; :func:`schedopt.cluster.fit_quality` says how well.
+   fits alpha and beta on the sizes plans issue (1 MiB up); a size measured more than 20% slower
+   than the fit (a spike: a delayed ACK, a descheduled rank) is measured again, and every size from
+   1 MiB up when the fit misses one of them by that much either way (which one is off, no fit can
+   tell); each keeps its faster median, and the fit is redone. Every rank fits the same all-reduced medians, so every rank
+   re-measures the same sizes. A fit that still misses a size from 1 MiB up by more than 50% is
+   refused (:class:`~schedopt.errors.CalibrationError`, naming the sizes): a cluster file that
+   misstates the link makes every plan on it wrong. :func:`schedopt.cluster.fit_quality` says how
+   well the fit explains the whole sweep.
 4. Interference (:func:`measure_interference`): how much slower compute runs
    while a collective is in flight. On CUDA, NCCL has its own hardware and
    it is 0; with gloo on CPU the collective's threads share the cores with
@@ -25,13 +32,17 @@ Steps:
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from schedopt.cluster import Cluster, FitQuality, calibrate, fit_quality, fit_shard_cost
-from schedopt.errors import SchedoptError
+from schedopt.cluster import MISFIT, PLAN_SIZES_FROM, REFUSE, Cluster, FitQuality, calibrate, fit_quality, fit_shard_cost, misfits
+from schedopt.errors import CalibrationError, SchedoptError
+from schedopt.units import format_duration, format_size
+
+log = logging.getLogger("schedopt.runtime")
 
 __all__ = ["Measurement", "Calibration", "measure_allreduce", "measure_interference", "calibrate_process_group",
            "calibrate_launched"]
@@ -73,9 +84,10 @@ def _device(process_group: Any) -> Any:
 
 def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, time_limit_s: float = 60.0,
                       process_group: Any = None, min_repeats: int = 3, max_repeats: int = 20,
-                      collective: str = "all-reduce") -> list[Measurement]:
+                      collective: str = "all-reduce", sizes: list[int] | None = None) -> list[Measurement]:
     """Time collectives of growing sizes on ``process_group`` (steps 1-2 of the module docstring):
-    all-reduces, or FSDP2's ``all-gather`` / ``reduce-scatter`` of that many unsharded bytes."""
+    all-reduces, or FSDP2's ``all-gather`` / ``reduce-scatter`` of that many unsharded bytes; ``sizes``
+    (the same on every rank) instead of ``min_bytes`` to ``max_bytes`` by factors of 4."""
     import torch
     import torch.distributed as dist
 
@@ -83,11 +95,11 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
         raise SchedoptError(f"calibrate needs 4 <= min size <= max size, got {min_bytes} and {max_bytes}")
     device = _device(process_group)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sizes = []
-    size = min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= 4
+    if sizes is None:
+        sizes, size = [], min_bytes
+        while size <= max_bytes:
+            sizes.append(size)
+            size *= 4
     started = time.perf_counter()
     results: list[tuple[int, float, int]] = []
     last_s = 0.0
@@ -184,11 +196,14 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     return samples
 
 
-def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", **sweep: Any) -> Calibration:
+def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", force: bool = False,
+                            **sweep: Any) -> Calibration:
     """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``.
 
     Raises:
         SchedoptError: one rank, or fewer than two sizes measured within the time limit.
+        CalibrationError: the fit misses a size plans issue by more than 50% after measuring it again
+            (step 3; with ``force``, a warning and the fit kept).
     """
     import torch.distributed as dist
 
@@ -198,10 +213,11 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     measurements = measure_allreduce(process_group=process_group, **sweep)
     if len(measurements) < 2:
         raise SchedoptError("calibrate measured fewer than two sizes within its time limit; give it more time")
+    cluster, measurements = _fit_and_remeasure(measurements, world_size=world_size, algorithm=algorithm,
+                                               name=f"calibrated-{dist.get_backend(process_group)}",
+                                               process_group=process_group, sweep=sweep, force=force)
     sizes = [m.nbytes for m in measurements]
     times = [m.median_s for m in measurements]
-    cluster = calibrate(sizes, times, world_size=world_size, algorithm=algorithm,  # type: ignore[arg-type]
-                        name=f"calibrated-{dist.get_backend(process_group)}")
     quality = fit_quality(cluster, sizes, times)
     interference = measure_interference(cluster, process_group=process_group)
     backend = str(dist.get_backend(process_group))
@@ -216,6 +232,41 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
                       backend="gloo" if backend == "gloo" else "nccl", shard_costs=shard_costs or None)
     return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
                        backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference))
+
+
+def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algorithm: str, name: str,
+                       process_group: Any, sweep: dict, force: bool = False) -> tuple[Cluster, list[Measurement]]:
+    """Step 3: fit; measure again the sizes measured slower than the fit, and every size plans issue when
+    the fit misses one of them (each keeps its faster median); refit; refuse a fit that still misses."""
+    def fit(ms: list[Measurement]) -> Cluster:
+        return calibrate([m.nbytes for m in ms], [m.median_s for m in ms], world_size=world_size,
+                         algorithm=algorithm, name=name)  # type: ignore[arg-type]
+
+    cluster = fit(measurements)
+    sizes, times = [m.nbytes for m in measurements], [m.median_s for m in measurements]
+    plan_sizes = [s for s in sizes if s >= PLAN_SIZES_FROM]
+    slow = [m.nbytes for m in measurements if m.median_s > (1 + MISFIT) * cluster.allreduce_s(m.nbytes)]
+    if misfits(cluster, sizes, times, from_bytes=PLAN_SIZES_FROM):  # which of them is off, no fit can say
+        slow = sorted(set(slow) | set(plan_sizes))
+    if slow:
+        options = {k: v for k, v in sweep.items() if k in ("min_repeats", "max_repeats")}
+        again = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=slow,
+                                                        time_limit_s=sweep.get("time_limit_s", 60.0), **options)}
+        measurements = [again[m.nbytes] if m.nbytes in again and again[m.nbytes].median_s < m.median_s else m
+                        for m in measurements]
+        cluster = fit(measurements)
+    missed = misfits(cluster, [m.nbytes for m in measurements], [m.median_s for m in measurements],
+                     from_bytes=PLAN_SIZES_FROM, tolerance=REFUSE)
+    if missed:
+        sizes = ", ".join(f"{format_size(s)} measured {format_duration(t)}, fitted {format_duration(f)}"
+                          for s, t, f in missed)
+        message = (f"calibrate: an alpha-beta fit ({cluster.describe()}) misses the sizes plans issue by more than "
+                   f"{REFUSE:.0%}: {sizes}; the link is not one rate over them (a shaper's burst, a congested path): "
+                   "calibrate again when it is quiet, plan with --bandwidth, or keep this fit with --force")
+        if not force:
+            raise CalibrationError(message)
+        log.warning("%s (kept: --force)", message)
+    return cluster, measurements
 
 
 def calibrate_launched(backend: str | None = None, **options: Any) -> Calibration | None:

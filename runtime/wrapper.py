@@ -46,6 +46,7 @@ from schedopt.plan import Plan
 from .buffers import GradientBuffers
 from .deferred import DeferredUpdates
 from .modes import DeferredSync, SyncMode, sync_mode
+from .pace import PaceCheck
 from .replica import PLAN_ENV, Replica, resolve_plan
 from .steps import StepQueue
 
@@ -132,6 +133,9 @@ class ScheduledDataParallel(nn.Module):
             module.register_load_state_dict_pre_hook(lambda *_: self.flush())
             _flush_at_exit(self)
         self._scale = 1.0 / self.world_size
+        #: one warning when the measured step is far from the plan's prediction (:mod:`~schedopt.runtime.pace`)
+        self.pace = PaceCheck(plan.predicted.iteration_s if plan.predicted else None,
+                              report=dist.get_rank(process_group) == 0)
         self._cuda = any(p.is_cuda for p in self._params.values())
         self._armed = self._spent = False
         self._reset_step()
@@ -183,6 +187,8 @@ class ScheduledDataParallel(nn.Module):
 
     def _arm(self) -> None:
         self._armed = torch.is_grad_enabled() and self.require_backward_grad_sync
+        if self._armed:
+            self.pace.step()
         self._spent = False
         self._reset_step()
 

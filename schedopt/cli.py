@@ -50,6 +50,17 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _spread(text: str) -> float:
+    """A coefficient of variation: ``0.05`` or ``5%``, from 0 to 5."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a coefficient of variation such as 0.05 or 5%, got {text!r}") from None
+    if not 0 <= value <= 5:
+        raise argparse.ArgumentTypeError(f"a coefficient of variation must be from 0 to 5 (500%), got {text!r}")
+    return value
+
+
 def _size(text: str) -> int:
     try:
         size = parse_size(text)
@@ -267,6 +278,19 @@ def _simulate_summary(graph: Any, plan: Plan, problem: Problem, timeline: Any) -
     }
 
 
+def _rank_run(args: argparse.Namespace, problem: Problem, plan: Plan) -> dict[str, Any] | None:
+    """``--op-spread`` / ``--step-spread``: the period on the rank model (``schedopt.ranks``), else None."""
+    if not (args.op_spread or args.step_spread):
+        return None
+    from .ranks import RankModel, simulate_ranks
+
+    model = RankModel(ranks=args.ranks or problem.cluster.world_size, op_spread=args.op_spread,
+                      step_spread=args.step_spread, seed=args.seed)
+    run = simulate_ranks(problem, plan, model)
+    return {"ranks": model.ranks, "op_spread": model.op_spread, "step_spread": model.step_spread, "seed": model.seed,
+            "period_s": run.period, "steps": run.steps, "stable": run.stable, "describe": model.describe()}
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from .simulate import simulate
     from .trace import write_chrome_trace, write_gantt
@@ -281,6 +305,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.gantt:
         write_gantt(timeline, args.gantt, title=f"{graph.name} / {plan.solver.name}")
     summary = _simulate_summary(graph, plan, problem, timeline)
+    ranks = _rank_run(args, problem, plan)
+    if ranks is not None:
+        summary["ranks"] = ranks
     if not timeline.converged:
         print(f"warning: the steady state did not repeat within {timeline.num_steps} steps; the iteration is the "
               f"mean of the last four periods", file=sys.stderr)
@@ -295,6 +322,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
           f"   gap {timeline.gap * 100:.2f}%")
     print(f"compute    {format_duration(timeline.compute_s)}   comm {format_duration(timeline.comm_s)}"
           f"   exposed comm {format_duration(timeline.exposed_comm_s)}")
+    if ranks is not None:
+        print(f"ranks      {format_duration(ranks['period_s'])} ({ranks['period_s'] / timeline.iteration_s - 1:+.1%}) on "
+              f"{ranks['describe']}, mean of {ranks['steps']} steps"
+              + ("" if ranks["stable"] else " (not yet stable to 1%)"))
     if timeline.peak_memory_bytes is not None:
         budget = f" (budget {format_size(plan.memory_budget_bytes)})" if plan.memory_budget_bytes else ""
         print(f"memory     peak {format_size(timeline.peak_memory_bytes)} per rank{budget} at "
@@ -335,7 +366,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
                                 max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,
-                                algorithm=args.algorithm)
+                                algorithm=args.algorithm, force=args.force)
     if result is None:  # not rank 0
         return 0
     result.cluster.save(args.output, calibration=result.to_json())
@@ -578,6 +609,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="write a Chrome trace (chrome://tracing, Perfetto)")
     p.add_argument("--gantt", help="write a Gantt chart PNG")
     p.add_argument("--format", choices=["table", "json"], default="table")
+    group = p.add_argument_group("the rank model (every rank, op times varying; docs/simulator.md)")
+    group.add_argument("--op-spread", type=_spread, default=0.0, help="each op's variation per rank and step (5%%)")
+    group.add_argument("--step-spread", type=_spread, default=0.0,
+                       help="each rank's whole-step variation per step (5%%)")
+    group.add_argument("--ranks", type=_positive_int, default=None, help="ranks to simulate (default: the cluster's)")
+    group.add_argument("--seed", type=int, default=0, help="the rank model's draws (default 0)")
     p.set_defaults(run=_cmd_simulate)
 
     p = sub.add_parser("calibrate", help="(under torchrun) measure all-reduce times, fit alpha and beta")
@@ -588,6 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop growing the size when the next one would pass this (default 60s)")
     p.add_argument("--algorithm", choices=["ring", "tree"], default="ring", help="the model to fit")
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl with CUDA, else gloo")
+    p.add_argument("--force", action="store_true",
+                   help="write the fit even when it misses a size from 1 MiB up by more than 50%% (a warning)")
     p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("inspect", help="show what a plan holds")

@@ -25,7 +25,17 @@ import numpy as np
 from .errors import SchedoptError, UnitError
 from .units import parse_bandwidth, parse_duration
 
-__all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "fit_quality", "fit_shard_cost"]
+__all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "fit_quality", "fit_shard_cost",
+           "misfits", "PLAN_SIZES_FROM", "MISFIT", "REFUSE"]
+
+#: Plans issue buckets of megabytes: the all-reduce fit weighs the sizes from here up (where two or more
+#: were measured); smaller ones can run faster than the link's rate (a token bucket's burst) or spike.
+PLAN_SIZES_FROM = 1 << 20
+#: A measured size the fit misses by more than MISFIT (relative to the measured time) is measured again;
+#: a fit that still misses a size a plan would issue by more than REFUSE explains the link badly and is
+#: refused (the 1000 Mbit/s sweep above: a factor of 8; gloo over localhost under load: up to 65%, memory
+#: copies that outgrow a cache, no link).
+MISFIT, REFUSE = 0.2, 0.5
 
 #: The schema of a cluster file (``schedopt calibrate -o``, ``--cluster FILE``).
 CLUSTER_SCHEMA = "schedopt.cluster/1"
@@ -247,21 +257,27 @@ def calibrate(
     world_size: int,
     algorithm: Algorithm = "ring",
     name: str = "calibrated",
+    from_bytes: float = PLAN_SIZES_FROM,
 ) -> Cluster:
-    """Fit alpha and bandwidth to a measured all-reduce sweep by least squares.
+    """Fit alpha and bandwidth to a measured all-reduce sweep, on the sizes plans issue.
 
     Steps:
-        1. Fit ``t = a + b·S`` minimizing the sum of *absolute relative*
+        1. The sizes from ``from_bytes`` up, where two or more were measured (else all): a plan's
+           buckets are megabytes, and below that a capped link can run at its burst's speed (a tbf
+           at 1000 Mbit/s ran 64-256 KiB at veth speed, 64 MiB at the cap; one fit through all nine
+           sizes read 7.7 Gbit/s, every plan on it measured slower than DDP).
+        2. Fit ``t = a + b·S`` minimizing the sum of *absolute relative*
            residuals ``|a + b·S - t| / t`` (iteratively reweighted least
            squares): timing noise is multiplicative, an unweighted fit lets
            the largest sizes drown the intercept, and a squared one lets a
-           single slow small size (a delayed ACK, a descheduled rank) move
+           single slow size (a delayed ACK, a descheduled rank) move
            the intercept and with it the slope (measured on a 400 Mbit/s
            veth: one 16 KiB all-reduce at 2.9 ms made a squared fit read
            633 Mbit/s; this fit reads 396).
-        2. Bandwidth from the slope: ``b = 2(n-1)/n / bandwidth``.
-        3. Alpha from the intercept: ``a = steps·alpha`` (the per-call overhead
-           cannot be told apart from alpha by a size sweep, so it is folded in).
+        3. Bandwidth from the slope: ``b = 2(n-1)/n / bandwidth``.
+        4. Alpha from the intercept (the per-call overhead, which a size sweep cannot tell apart from
+           alpha, is folded in): ``a = steps·alpha``. No all-reduce costs less than the fastest one
+           measured: an intercept under that is fixed there, and the slope fitted again.
 
     Raises:
         SchedoptError: fewer than two distinct sizes, one rank, or a fit with a
@@ -277,12 +293,16 @@ def calibrate(
         raise SchedoptError("calibrate needs world_size >= 2 (one rank does not communicate)")
     if np.any(times <= 0):
         raise SchedoptError("calibrate needs positive times")
-    intercept, slope = _relative_l1_fit(sizes, times)
+    large = sizes >= from_bytes
+    use = large if np.unique(sizes[large]).size >= 2 else np.ones_like(large)
+    intercept, slope = _relative_l1_fit(sizes[use], times[use])
+    if intercept < times.min():  # no call costs less than the fastest measured: the slope for that intercept
+        intercept, slope = _relative_l1_fit(sizes[use], times[use], intercept=float(times.min()))
     if slope <= 0:
         raise SchedoptError(f"calibrate: time does not grow with size (slope {slope:.3g} s/B)")
     probe = Cluster(world_size=world_size, bandwidth_Bps=1e9, algorithm=algorithm)  # for its latency steps
     bandwidth_Bps = 2.0 * (world_size - 1) / world_size / slope
-    latency_s = max(float(intercept), 0.0) / probe.num_latency_steps
+    latency_s = intercept / probe.num_latency_steps
     return Cluster(
         world_size=world_size,
         bandwidth_Bps=float(bandwidth_Bps),
@@ -292,16 +312,36 @@ def calibrate(
     )
 
 
-def _relative_l1_fit(sizes: np.ndarray, times: np.ndarray, *, iterations: int = 50) -> tuple[float, float]:
-    """``(a, b)`` minimizing ``sum |a + b·S - t| / t`` by iteratively reweighted least squares."""
+def misfits(cluster: Cluster, sizes_bytes: Iterable[float], times_s: Iterable[float], *,
+            from_bytes: float = 0.0, tolerance: float = MISFIT) -> list[tuple[float, float, float]]:
+    """``(size, measured, modelled)`` of every size from ``from_bytes`` up that ``cluster`` misses by more
+    than ``tolerance`` (relative to the measured time).
+
+    Example:
+        >>> c = Cluster(world_size=2, bandwidth_Bps=1e8)
+        >>> misfits(c, [1e6, 1e7], [c.allreduce_s(1e6), 2 * c.allreduce_s(1e7)])
+        [(10000000.0, 0.2, 0.1)]
+    """
+    return [(float(s), float(t), cluster.allreduce_s(s)) for s, t in zip(sizes_bytes, times_s)
+            if s >= from_bytes and abs(cluster.allreduce_s(s) - t) > tolerance * t]
+
+
+def _relative_l1_fit(sizes: np.ndarray, times: np.ndarray, *, intercept: float | None = None,
+                     iterations: int = 50) -> tuple[float, float]:
+    """``(a, b)`` minimizing ``sum |a + b·S - t| / t`` by iteratively reweighted least squares; with
+    ``intercept``, ``a`` is fixed there and only ``b`` is fitted."""
     row_weight = np.ones_like(times)
+    a, b = intercept or 0.0, 0.0
     for _ in range(iterations):
         weights = row_weight / times
-        design = np.column_stack([np.ones_like(sizes), sizes]) * weights[:, None]
-        (intercept, slope), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
-        residual = np.abs(intercept + slope * sizes - times) / times
+        if intercept is None:
+            design = np.column_stack([np.ones_like(sizes), sizes]) * weights[:, None]
+            (a, b), *_ = np.linalg.lstsq(design, times * weights, rcond=None)
+        else:
+            (b,), *_ = np.linalg.lstsq((sizes * weights)[:, None], (times - intercept) * weights, rcond=None)
+        residual = np.abs(a + b * sizes - times) / times
         row_weight = 1.0 / np.sqrt(np.maximum(residual, 1e-6))  # squared weight 1/|r|: an L1 fit
-    return float(intercept), float(slope)
+    return float(a), float(b)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,7 @@ __all__ = [
     "InvalidPlanError",
     "MemoryBudgetError",
     "TraceError",
+    "CalibrationError",
     "PlanMismatchError",
     "SolverError",
     "UnusedParameterError",
@@ -46,6 +47,10 @@ class PlanMismatchError(InvalidPlanError):
 
 class MemoryBudgetError(InvalidPlanError):
     """A sharded plan would hold more memory per rank than its budget on the live run."""
+
+
+class CalibrationError(SchedoptError):
+    """A measured all-reduce sweep that an alpha-beta model does not explain over the sizes plans issue."""
 
 
 class TraceError(SchedoptError, ValueError):

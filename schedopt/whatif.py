@@ -3,8 +3,8 @@
 From a diagnosis (:mod:`schedopt.diagnose`) and the model's graph with the trace's op times
 (:mod:`schedopt.trace_costs`): the cluster is the one given, or else fitted to the trace's own
 all-reduces (their bytes and how long each ran, :func:`schedopt.cluster.calibrate`); DDP's plan
-(``pytorch-ddp``) is simulated beside the measured step (the median over steps of the slowest
-rank's), and every solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step
+(``pytorch-ddp``) is simulated beside the measured step (the slowest rank's mean step: a period, as
+every run in this project is measured, and what the rank model's mean period predicts), and every solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step
 per mode, its solver, and its speedup over the predicted DDP step.
 
 Every figure is the rank model's (:mod:`schedopt.ranks`): the trace's ranks, their op times varying as
@@ -52,7 +52,7 @@ class WhatIf:
                          for m, (s, t) in self.best.items()}}
 
     def describe(self) -> str:
-        lines = [f"DDP's step: measured {self.measured_ddp_s * 1e3:.1f} ms (median, the slower rank's), predicted "
+        lines = [f"DDP's step: measured {self.measured_ddp_s * 1e3:.1f} ms (the slowest rank's mean step), predicted "
                  f"{self.predicted_ddp_s * 1e3:.1f} ms ({(self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s:+.1%})"
                  f" on {self.cluster.describe()}", f"  rank model: {self.ranks.describe()}"]
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
@@ -94,10 +94,10 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
 
     cluster = cluster or cluster_from_trace(report)
     ranks = rank_model(report, graph, seed=seed)
-    by_step: dict[int, float] = {}
+    by_rank: dict[int, list[float]] = {}
     for s in report.steps:
-        by_step[s.step] = max(by_step.get(s.step, 0.0), s.step_s)
-    measured = statistics.median(by_step.values())
+        by_rank.setdefault(s.rank, []).append(s.step_s)
+    measured = max(statistics.fmean(steps) for steps in by_rank.values())
     barrier = Problem(graph=graph, cluster=cluster, mode="barrier")
     ddp = simulate_ranks(barrier, get("pytorch-ddp")(barrier, seed=seed), ranks).period
     best: dict[str, tuple[str, float]] = {}

@@ -225,10 +225,12 @@ def wrap_kind(rank: int, world: int, plan_path: str) -> dict[str, str]:
 
 
 def calibrate_small(rank: int, world: int) -> dict[str, Any]:
-    """A short all-reduce sweep on this gloo group."""
+    """A short all-reduce sweep on this gloo group. Over localhost there is no link, only memory copies,
+    which under a loaded test run bend by up to a factor of 4.6 between 1 and 4 MiB: the fit is kept
+    (``force``) where a real link's would be refused (tests/test_calibrate_fit.py)."""
     from schedopt.runtime.calibrate import calibrate_process_group
 
-    result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20)
+    result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20, force=True)
     return {"cluster": result.cluster, "quality": result.quality,
             "sizes": [m.nbytes for m in result.measurements], "json": result.to_json()}
 

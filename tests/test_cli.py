@@ -68,6 +68,22 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     assert capsys.readouterr().out.splitlines()[0].startswith("solver,")
 
 
+def test_simulate_on_the_rank_model(tmp_path, graph_file, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "--world-size", "8", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(plan), str(graph_file), "--format", "json", "--op-spread", "5%", "--step-spread",
+                 "0.02", "--ranks", "16", "--seed", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    ranks = data["ranks"]
+    assert (ranks["ranks"], ranks["op_spread"], ranks["step_spread"], ranks["seed"]) == (16, 0.05, 0.02, 3)
+    assert ranks["period_s"] > data["iteration_s"] and ranks["stable"]  # the slowest of 16 ranks decides
+    assert main(["simulate", str(plan), str(graph_file), "--op-spread", "5%"]) == 0
+    assert "ranks      " in capsys.readouterr().out
+    assert main(["simulate", str(plan), str(graph_file), "--format", "json"]) == 0
+    assert "ranks" not in json.loads(capsys.readouterr().out)
+
+
 @pytest.mark.parametrize("args, message", [
     (["plan", "{missing}", "--solver", "pytorch-ddp"], "does not exist"),
     (["plan", "{corrupt}", "--solver", "pytorch-ddp"], "not valid JSON"),
@@ -81,6 +97,8 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     (["plan", "{missing}.py:f", "--solver", "pytorch-ddp"], "does not exist"),
     (["simulate", "{plan}", "{other}"], "plan was made for model"),
     (["simulate", "{corrupt}", "{graph}"], "not valid JSON"),
+    (["simulate", "{plan}", "{graph}", "--op-spread", "lots"], "expected a coefficient of variation"),
+    (["simulate", "{plan}", "{graph}", "--step-spread", "900%"], "must be from 0 to 5"),
     (["inspect", "{graph}"], "a training graph (schedopt.graph/1), not a plan"),
     (["compare", "{graph}", "--solvers", "pytorch-ddp,nope"], "unknown solver 'nope'"),
     (["frobnicate"], "invalid choice"),

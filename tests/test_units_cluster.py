@@ -138,3 +138,22 @@ def test_fsdp2_collective_costs_fit_a_recorded_gloo_sweep():
     ring = Cluster(world_size=2, bandwidth_Bps=50e6)
     assert cluster.shard_collective_s(32 * mib, "reduce-scatter") > 1.9 * ring.shard_collective_s(32 * mib)
     assert Cluster.from_json(cluster.to_json()) == cluster
+
+
+def test_calibrate_fits_the_sizes_plans_issue_on_a_shaped_link():
+    """A sweep across a tbf link capped at 1000 Mbit/s (issue 29's record: 64 and 256 MiB at 0.56 and
+    2.25 s, 64-256 KiB at the veth's speed inside the shaper's burst, one 16 KiB spike at 3.2 ms; 1-16 MiB
+    at the cap's rate, 120 MB/s). One fit through all nine sizes read 7.7 Gbit/s and every plan on it
+    measured slower than DDP; the fit on the sizes plans issue reads the cap."""
+    from schedopt.cluster import misfits
+
+    kib, mib = 1 << 10, 1 << 20
+    sizes = [4 * kib, 16 * kib, 64 * kib, 256 * kib, mib, 4 * mib, 16 * mib, 64 * mib, 256 * mib]
+    times = [0.00031, 0.0032, 0.00037, 0.00049, 0.0089, 0.035, 0.140, 0.56, 2.25]
+    fitted = calibrate(sizes, times, world_size=2)
+    assert fitted.bandwidth_Bps * 8 == pytest.approx(960e6, rel=0.03)
+    assert misfits(fitted, sizes, times, from_bytes=mib) == []
+    assert fitted.allreduce_s(4 * kib) >= min(times)  # no call is cheaper than the fastest measured
+    # the same sweep fitted through every size misses the sizes plans issue by a factor of 8
+    every = calibrate(sizes, times, world_size=2, from_bytes=0)
+    assert [s for s, *_ in misfits(every, sizes, times, from_bytes=mib)] == sizes[4:]

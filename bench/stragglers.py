@@ -1,0 +1,128 @@
+"""Stragglers at scale: how much of each solver's advantage over DDP survives ranks whose op times vary.
+
+    python bench/stragglers.py --json bench/results/stragglers.json --plot bench/results/stragglers.png
+
+Per model (A100 op costs), world size (8, 64) on 100 GbE and mode (barrier, overlap), every solver
+plans on one rank as today (cpsat warm-started, ``--time-limit`` each); then each plan, and DDP's,
+runs on the rank model (``schedopt.ranks``) with every op varying by each ``--spreads`` (coefficient
+of variation, per op, rank and step; seeded). A row: the solver's speedup over DDP on one rank and
+at each spread, and how much it changed. A collective waits for the slowest rank, so a plan whose
+collectives sit on the critical path pays for every straggler; one that hides them has slack.
+
+Prints the table (and each solver's median change per spread); ``--plot`` draws the speedups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from schedopt import Cluster, Problem
+from schedopt.errors import SolverError
+from schedopt.ranks import RankModel, simulate_ranks
+from schedopt.solvers import get, solvers_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from heuristics import cached_graph  # noqa: E402
+from provenance import begin, write_result  # noqa: E402
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,vgg16,inception,gpt2_small,bert_base")
+    parser.add_argument("--world-sizes", default="8,64")
+    parser.add_argument("--network", default="100gbe")
+    parser.add_argument("--modes", default="barrier,overlap")
+    parser.add_argument("--spreads", default="0.02,0.05", help="per-op coefficients of variation")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat's, per case (seconds)")
+    parser.add_argument("--seed", type=int, default=0, help="the solvers' and the rank model's seed")
+    parser.add_argument("--json", help="write the rows here, with the commit and the machine")
+    parser.add_argument("--plot", help="write the speedups per spread here (PNG)")
+    return parser
+
+
+def case_rows(problem: Problem, spreads: list[float], *, time_limit: float, seed: int) -> list[dict]:
+    """Every solver's plan on one rank and on the rank model at each spread; DDP's row first."""
+    plans = {}
+    for name in solvers_for(problem.mode):
+        try:
+            plans[name] = get(name)(problem, seed=seed, **({"time_limit_s": time_limit} if name == "cpsat" else {}))
+        except SolverError as exc:
+            print(f"  {name}: {exc}", file=sys.stderr)
+    ranks = problem.cluster.world_size
+    periods = {name: [plan.predicted.iteration_s] + [
+        simulate_ranks(problem, plan, RankModel(ranks=ranks, op_spread=s, seed=seed)).period for s in spreads]
+        for name, plan in plans.items()}
+    ddp = periods["pytorch-ddp"]
+    return [{"solver": name, "periods_s": p, "speedup": [d / t for d, t in zip(ddp, p)],
+             "change": [(d / t) / (ddp[0] / p[0]) - 1 for d, t in zip(ddp[1:], p[1:])]}
+            for name, p in sorted(periods.items(), key=lambda kv: kv[0] != "pytorch-ddp")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    spreads = [float(s) for s in args.spreads.split(",")]
+    begin()
+    started, rows = time.monotonic(), []
+    print(f"{'model':<11} {'ranks':>5} {'mode':<8} {'solver':<14} {'1 rank':>7} "
+          + " ".join(f"{f'{s:.0%} op':>8}" for s in spreads) + "  change")
+    for model in args.models.split(","):
+        graph = cached_graph(model, "a100")
+        for n in map(int, args.world_sizes.split(",")):
+            for mode in args.modes.split(","):
+                problem = Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=n), mode=mode)
+                for r in case_rows(problem, spreads, time_limit=args.time_limit, seed=args.seed):
+                    rows.append({"model": model, "world_size": n, "network": args.network, "mode": mode,
+                                 "spreads": spreads, **r})
+                    print(f"{model:<11} {n:>5} {mode:<8} {r['solver']:<14} "
+                          + " ".join(f"{x:7.3f}x" for x in r["speedup"]) + "  "
+                          + " ".join(f"{c:+.1%}" for c in r["change"]))
+    summary(rows, spreads)
+    if args.json:
+        write_result(args.json, rows, vars(args))
+    if args.plot:
+        plot(rows, spreads, args.plot)
+    print(f"stragglers bench: {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def summary(rows: list[dict], spreads: list[float]) -> None:
+    """Each solver's median change in speedup over DDP, per spread and world size."""
+    for solver in sorted({r["solver"] for r in rows} - {"pytorch-ddp"}):
+        mine = [r for r in rows if r["solver"] == solver]
+        parts = [f"{s:.0%} at {n} ranks {statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
+                 for i, s in enumerate(spreads) for n in sorted({r["world_size"] for r in mine})]
+        print(f"{solver:<14} median change of its speedup over DDP: " + ", ".join(parts))
+
+
+def plot(rows: list[dict], spreads: list[float], path: str) -> None:
+    """One panel per world size and mode: each solver's speedup over DDP (median over models) per spread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r["world_size"], r["mode"]) for r in rows})
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), sharey=True, squeeze=False)
+    xs = [0.0, *spreads]
+    for ax, (n, mode) in zip(axes[0], cases):
+        for solver in sorted({r["solver"] for r in rows} - {"pytorch-ddp"}):
+            mine = [r["speedup"] for r in rows if (r["world_size"], r["mode"], r["solver"]) == (n, mode, solver)]
+            if mine:
+                ax.plot([x * 100 for x in xs], [statistics.median(s[i] for s in mine) for i in range(len(xs))],
+                        marker="o", label=solver)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_title(f"{n} ranks, {mode}")
+        ax.set_xlabel("per-op variation (%)")
+    axes[0][0].set_ylabel("speedup over DDP (median over models)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
