@@ -9,7 +9,7 @@ state's semantics) on ``ranks`` ranks at once:
 
 - each rank's op at position j takes ``work[j] * f_op * f_step``: ``f_op`` is drawn per op, rank and
   step, ``f_step`` per rank and step (contention that slows all of a rank's ops at once); both are
-  log-normal with median 1 (the op times are medians) and the given coefficients of variation;
+  log-normal with mean 1 (an op's time is its mean) and the given coefficients of variation;
 - a chunk is issued when the last rank issues it (its gradients ready there, the chunk before it
   issued) and starts when the channel is free; every rank's settle waits for the same end;
 - with interference, a rank's compute is slowed while any collective is on the wire (one channel);
@@ -126,7 +126,8 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
     clocks: list[float] = [0.0]
     issued = channel = 0.0
     for step in range(max_steps):
-        f = np.exp(s_op * rng.standard_normal((n + num_buckets, model.ranks)) + s_step * rng.standard_normal(model.ranks))
+        f = np.exp(s_op * rng.standard_normal((n + num_buckets, model.ranks)) + s_step * rng.standard_normal(model.ranks)
+                   - (s_op * s_op + s_step * s_step) / 2)  # mean 1
         w, u = work[:, None] * f[:n], update[:, None] * f[n:]
         done = [0.0] * num_buckets
         c = 0
