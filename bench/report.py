@@ -268,6 +268,31 @@ def diagnose_section() -> list[str]:
     return lines + [""]
 
 
+def stragglers_section() -> list[str]:
+    data = load("stragglers.json")
+    rows, spreads = data["rows"], data["rows"][0]["spreads"]
+    lines = ["## Stragglers: every rank", "",
+             "`python bench/stragglers.py --json bench/results/stragglers.json --plot bench/results/stragglers.png`:"
+             " each solver's plan (made on one rank) and DDP's on the rank model (`schedopt.ranks`), every op varying"
+             " per rank and step; the speedup over DDP on one rank and at each spread, and its change. Per solver,"
+             " the median change over the models:", ""]
+    solvers = sorted({r["solver"] for r in rows} - {"pytorch-ddp"})
+    cases = sorted({(r["world_size"], r["mode"]) for r in rows})
+    head = ["solver"] + [f"{n} ranks {mode}, {s:.0%}" for n, mode in cases for s in spreads]
+
+    def change(solver: str, case: tuple, i: int) -> str:
+        mine = [r["change"][i] for r in rows if r["solver"] == solver and (r["world_size"], r["mode"]) == case]
+        return f"{statistics.median(mine):+.1%}"
+
+    body = [[solver] + [change(solver, case, i) for case in cases for i in range(len(spreads))] for solver in solvers]
+    lines += table(head, body)
+    lines += ["", "Every case:", ""]
+    lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [f"{s:.0%} op" for s in spreads], [
+        [r["model"], str(r["world_size"]), r["mode"], r["solver"]] + [f"{x:.3f}x" for x in r["speedup"]]
+        for r in rows if r["solver"] != "pytorch-ddp"])
+    return lines + ["", "![speedups](../bench/results/stragglers.png)", ""]
+
+
 def diagnose_summary() -> dict[str, float]:
     rows = load("diagnose.json")["rows"]
     return {"exposure": max(r["exposure_worst_of_step"] for r in rows),
@@ -276,8 +301,8 @@ def diagnose_summary() -> dict[str, float]:
 
 
 SECTIONS: tuple[Callable[[], list[str]], ...] = (
-    solver_quality_section, sharded_section, execution_section, testbed_section, diagnose_section,
-    accuracy_section, overhead_section, steady_state_section)
+    solver_quality_section, sharded_section, execution_section, stragglers_section, testbed_section,
+    diagnose_section, accuracy_section, overhead_section, steady_state_section)
 
 
 def render_results() -> str:

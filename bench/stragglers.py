@@ -53,12 +53,16 @@ def case_rows(problem: Problem, spreads: list[float], *, time_limit: float, seed
         except SolverError as exc:
             print(f"  {name}: {exc}", file=sys.stderr)
     ranks = problem.cluster.world_size
-    periods = {name: [plan.predicted.iteration_s] + [
-        simulate_ranks(problem, plan, RankModel(ranks=ranks, op_spread=s, seed=seed)).period for s in spreads]
-        for name, plan in plans.items()}
+    periods, took = {}, {}
+    for name, plan in plans.items():
+        periods[name], took[name] = [plan.predicted.iteration_s], []
+        for s in spreads:
+            started = time.perf_counter()
+            periods[name].append(simulate_ranks(problem, plan, RankModel(ranks=ranks, op_spread=s, seed=seed)).period)
+            took[name].append(time.perf_counter() - started)
     ddp = periods["pytorch-ddp"]
     return [{"solver": name, "periods_s": p, "speedup": [d / t for d, t in zip(ddp, p)],
-             "change": [(d / t) / (ddp[0] / p[0]) - 1 for d, t in zip(ddp[1:], p[1:])]}
+             "change": [(d / t) / (ddp[0] / p[0]) - 1 for d, t in zip(ddp[1:], p[1:])], "rank_model_s": took[name]}
             for name, p in sorted(periods.items(), key=lambda kv: kv[0] != "pytorch-ddp")]
 
 
@@ -81,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                           + " ".join(f"{x:7.3f}x" for x in r["speedup"]) + "  "
                           + " ".join(f"{c:+.1%}" for c in r["change"]))
     summary(rows, spreads)
+    slowest = max(rows, key=lambda r: max(r["rank_model_s"]))
+    print(f"slowest rank-model run: {max(slowest['rank_model_s']):.2f} s ({slowest['model']}, {slowest['world_size']} "
+          f"ranks, {slowest['mode']}, {slowest['solver']})")
     if args.json:
         write_result(args.json, rows, vars(args))
     if args.plot:
