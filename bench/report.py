@@ -274,11 +274,14 @@ def stragglers_section() -> list[str]:
     lines = ["## Stragglers: every rank", "",
              "`python bench/stragglers.py --json bench/results/stragglers.json --plot bench/results/stragglers.png`:"
              " each solver's plan (made on one rank) and DDP's on the rank model (`schedopt.ranks`), every op varying"
-             " per rank and step; the speedup over DDP on one rank and at each spread, and its change. Per solver,"
-             " the median change over the models:", ""]
+             " per rank and step (op), and each rank's whole step (step); the speedup over DDP on one rank and at"
+             " each spread, and its change. Per solver, the median change over the models:", ""]
     solvers = sorted({r["solver"] for r in rows} - {"pytorch-ddp"})
     cases = sorted({(r["world_size"], r["mode"]) for r in rows})
-    head = ["solver"] + [f"{n} ranks {mode}, {s:.0%}" for n, mode in cases for s in spreads]
+    def label(spread: list[float]) -> str:
+        return f"{spread[0]:.0%} op" + (f"/{spread[1]:.0%} step" if spread[1] else "")
+
+    head = ["solver"] + [f"{n} ranks {mode}, {label(s)}" for n, mode in cases for s in spreads]
 
     def change(solver: str, case: tuple, i: int) -> str:
         mine = [r["change"][i] for r in rows if r["solver"] == solver and (r["world_size"], r["mode"]) == case]
@@ -287,7 +290,7 @@ def stragglers_section() -> list[str]:
     body = [[solver] + [change(solver, case, i) for case in cases for i in range(len(spreads))] for solver in solvers]
     lines += table(head, body)
     lines += ["", "Every case:", ""]
-    lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [f"{s:.0%} op" for s in spreads], [
+    lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [label(s) for s in spreads], [
         [r["model"], str(r["world_size"]), r["mode"], r["solver"]] + [f"{x:.3f}x" for x in r["speedup"]]
         for r in rows if r["solver"] != "pytorch-ddp"])
     return lines + ["", "![speedups](../bench/results/stragglers.png)", ""]

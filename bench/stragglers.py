@@ -4,10 +4,12 @@
 
 Per model (A100 op costs), world size (8, 64) on 100 GbE and mode (barrier, overlap), every solver
 plans on one rank as today (cpsat warm-started, ``--time-limit`` each); then each plan, and DDP's,
-runs on the rank model (``schedopt.ranks``) with every op varying by each ``--spreads`` (coefficient
-of variation, per op, rank and step; seeded). A row: the solver's speedup over DDP on one rank and
-at each spread, and how much it changed. A collective waits for the slowest rank, so a plan whose
-collectives sit on the critical path pays for every straggler; one that hides them has slack.
+runs on the rank model (``schedopt.ranks``) at each of ``--spreads``: every op varying per rank and
+step (``OP``, a coefficient of variation), and each rank's whole step as well (``OP/STEP``; seeded).
+A row: the solver's speedup over DDP on one rank and at each spread, and how much it changed. A
+collective waits for the slowest rank, so a plan whose collectives sit on the critical path pays for
+every straggler; one that hides them has slack. Independent per-op variation mostly averages out
+over a step's hundreds of ops; a whole slow step (contention, a slow host) does not.
 
 Prints the table (and each solver's median change per spread); ``--plot`` draws the speedups.
 """
@@ -36,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--world-sizes", default="8,64")
     parser.add_argument("--network", default="100gbe")
     parser.add_argument("--modes", default="barrier,overlap")
-    parser.add_argument("--spreads", default="0.02,0.05", help="per-op coefficients of variation")
+    parser.add_argument("--spreads", default="0.02,0.05,0.02/0.05,0.02/0.15",
+                        help="comma-separated OP or OP/STEP coefficients of variation: per op, rank and step; and per "
+                             "rank and step, shared by its ops (the traces measured 11-17%%)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="cpsat's, per case (seconds)")
     parser.add_argument("--seed", type=int, default=0, help="the solvers' and the rank model's seed")
     parser.add_argument("--json", help="write the rows here, with the commit and the machine")
@@ -44,7 +48,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def case_rows(problem: Problem, spreads: list[float], *, time_limit: float, seed: int) -> list[dict]:
+def parse_spreads(text: str) -> list[tuple[float, float]]:
+    """``"0.02,0.02/0.05"`` -> ``[(0.02, 0.0), (0.02, 0.05)]``: (op, step) coefficients of variation."""
+    out = []
+    for item in text.split(","):
+        op, _, step = item.strip().partition("/")
+        out.append((float(op), float(step or 0.0)))
+    return out
+
+
+def label(spread: list[float] | tuple[float, float]) -> str:
+    op, step = spread
+    return f"{op:.0%} op" + (f"/{step:.0%} step" if step else "")
+
+
+def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limit: float, seed: int) -> list[dict]:
     """Every solver's plan on one rank and on the rank model at each spread; DDP's row first."""
     plans = {}
     for name in solvers_for(problem.mode):
@@ -56,9 +74,10 @@ def case_rows(problem: Problem, spreads: list[float], *, time_limit: float, seed
     periods, took = {}, {}
     for name, plan in plans.items():
         periods[name], took[name] = [plan.predicted.iteration_s], []
-        for s in spreads:
+        for op, step in spreads:
             started = time.perf_counter()
-            periods[name].append(simulate_ranks(problem, plan, RankModel(ranks=ranks, op_spread=s, seed=seed)).period)
+            model = RankModel(ranks=ranks, op_spread=op, step_spread=step, seed=seed)
+            periods[name].append(simulate_ranks(problem, plan, model).period)
             took[name].append(time.perf_counter() - started)
     ddp = periods["pytorch-ddp"]
     return [{"solver": name, "periods_s": p, "speedup": [d / t for d, t in zip(ddp, p)],
@@ -68,11 +87,11 @@ def case_rows(problem: Problem, spreads: list[float], *, time_limit: float, seed
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    spreads = [float(s) for s in args.spreads.split(",")]
+    spreads = parse_spreads(args.spreads)
     begin()
     started, rows = time.monotonic(), []
     print(f"{'model':<11} {'ranks':>5} {'mode':<8} {'solver':<14} {'1 rank':>7} "
-          + " ".join(f"{f'{s:.0%} op':>8}" for s in spreads) + "  change")
+          + " ".join(f"{label(s):>13}" for s in spreads) + "  change")
     for model in args.models.split(","):
         graph = cached_graph(model, "a100")
         for n in map(int, args.world_sizes.split(",")):
@@ -82,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"model": model, "world_size": n, "network": args.network, "mode": mode,
                                  "spreads": spreads, **r})
                     print(f"{model:<11} {n:>5} {mode:<8} {r['solver']:<14} "
-                          + " ".join(f"{x:7.3f}x" for x in r["speedup"]) + "  "
+                          + f"{r['speedup'][0]:7.3f}x " + " ".join(f"{x:12.3f}x" for x in r["speedup"][1:]) + "  "
                           + " ".join(f"{c:+.1%}" for c in r["change"]))
     summary(rows, spreads)
     slowest = max(rows, key=lambda r: max(r["rank_model_s"]))
@@ -96,16 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summary(rows: list[dict], spreads: list[float]) -> None:
+def summary(rows: list[dict], spreads: list[tuple[float, float]]) -> None:
     """Each solver's median change in speedup over DDP, per spread and world size."""
     for solver in sorted({r["solver"] for r in rows} - {"pytorch-ddp"}):
         mine = [r for r in rows if r["solver"] == solver]
-        parts = [f"{s:.0%} at {n} ranks {statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
+        parts = [f"{label(s)} at {n} ranks {statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
                  for i, s in enumerate(spreads) for n in sorted({r["world_size"] for r in mine})]
         print(f"{solver:<14} median change of its speedup over DDP: " + ", ".join(parts))
 
 
-def plot(rows: list[dict], spreads: list[float], path: str) -> None:
+def plot(rows: list[dict], spreads: list[tuple[float, float]], path: str) -> None:
     """One panel per world size and mode: each solver's speedup over DDP (median over models) per spread."""
     import matplotlib
 
@@ -114,16 +133,16 @@ def plot(rows: list[dict], spreads: list[float], path: str) -> None:
 
     cases = sorted({(r["world_size"], r["mode"]) for r in rows})
     fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), sharey=True, squeeze=False)
-    xs = [0.0, *spreads]
+    names = ["1 rank", *(label(s) for s in spreads)]
     for ax, (n, mode) in zip(axes[0], cases):
         for solver in sorted({r["solver"] for r in rows} - {"pytorch-ddp"}):
             mine = [r["speedup"] for r in rows if (r["world_size"], r["mode"], r["solver"]) == (n, mode, solver)]
             if mine:
-                ax.plot([x * 100 for x in xs], [statistics.median(s[i] for s in mine) for i in range(len(xs))],
+                ax.plot(range(len(names)), [statistics.median(s[i] for s in mine) for i in range(len(names))],
                         marker="o", label=solver)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(f"{n} ranks, {mode}")
-        ax.set_xlabel("per-op variation (%)")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
     axes[0][0].set_ylabel("speedup over DDP (median over models)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
