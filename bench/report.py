@@ -259,7 +259,7 @@ def diagnose_section() -> list[str]:
              " then 3 interleaved unprofiled rounds of each. Exposure: diagnose's exposed communication against"
              " what `train.py` measured itself (the backward's tail, the forward's waits), the worst step as a"
              " share of its step; the predictions run on the rank model fitted to the traces.", ""]
-    lines += table(["model", "rate", "exposure (worst)", "DDP predicted", "DDP traced", "error", "rank model",
+    lines += table(["model", "rate", "exposure (worst)", "DDP predicted ms", "DDP traced ms", "error", "rank model",
                     "gain predicted", "gain measured", "error"], [
         [r["model"].rpartition(":")[2], r["rate"], f"{r['exposure_worst_of_step']:.1%}", ms(r["predicted_ddp_s"]),
          ms(r["traced_ddp_s"]), f"{r['ddp_step_error']:+.1%}",
