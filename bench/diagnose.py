@@ -13,6 +13,9 @@ gradient's all-reduce takes as long as the compute):
    of that plan, diagnosed too;
 4. ``--rounds`` interleaved unprofiled rounds of DDP and the plan (ABBA): the gain measured.
 
+Beside the checks, per model, DDP's collectives in issue order: each rank's issue, queue wait and time
+on the wire as traced, against the simulator's (``collective_waits``).
+
 The three checks, per model:
 
 - **exposure**: per profiled step (rank 0) but the first (the step before it is not in the trace, and
@@ -149,8 +152,9 @@ def run_model(args, model: str, link: Link, work: Path, *, deadline: float) -> d
             periods[mode].append(run_period(run_["record"]))
             print(f"  round {round_} {mode:8s} {periods[mode][-1] * 1e3:.1f} ms per step")
     planned = planned_period(graph, cluster, plan, ddp["diagnosis"]["what_if"]["rank_model"])
-    return model_row(model, link.rate, imported.strip().splitlines(), ddp, overlap, periods, planned,
-                     json.loads(cluster.read_text()))
+    row = model_row(model, link.rate, imported.strip().splitlines(), ddp, overlap, periods, planned,
+                    json.loads(cluster.read_text()))
+    return {**row, "collective_waits": collective_waits(ddp["diagnosis"], graph, cluster)}
 
 
 def planned_period(graph: Path, cluster: Path, plan: Path, ranks: dict) -> dict:
@@ -206,6 +210,35 @@ def exposure_pairs(run_: dict) -> list[dict]:
     return pairs
 
 
+def collective_waits(diagnosis: dict, graph: Path, cluster: Path) -> list[dict]:
+    """DDP's all-reduces, in issue order: each rank's measured issue, queue wait (start - issue) and time
+    on the wire (medians over the traced steps, from the step's start) beside the simulated ones (one
+    rank, the ``pytorch-ddp`` plan on the trace-built graph: the same buckets as the run's). The buffers'
+    broadcasts at the forward's start are not all-reduces and are left out."""
+    from schedopt import Cluster, Problem, TrainGraph, simulate
+    from schedopt.simulate import chunk_layout, comm_schedule
+    from schedopt.solvers import get
+
+    problem = Problem(graph=TrainGraph.load(graph), cluster=Cluster.from_json(json.loads(cluster.read_text())),
+                      mode="barrier")
+    plan = get("pytorch-ddp")(problem, seed=0)
+    ready = {name: w.ready_s for name, w in simulate(problem, plan).windows.items()}
+    simulated = comm_schedule(chunk_layout(problem.graph, plan), problem.cluster, ready)
+    rows = []
+    for k, sim in enumerate(simulated):
+        row = {"collective": k, "bytes": sim.chunk.nbytes, "simulated": {
+            "issue_s": sim.issue_s, "wait_s": sim.start_s - sim.issue_s, "wire_s": sim.end_s - sim.start_s}}
+        for rank in sorted({s["rank"] for s in diagnosis["steps"]}):
+            mine = [c[k] for s in diagnosis["steps"] if s["rank"] == rank
+                    and len(c := [c for c in s["collectives"] if "allreduce" in c["name"].lower().replace("_", "")]) > k]
+            if mine:
+                row[f"rank{rank}"] = {"issue_s": statistics.median(c["issue_s"] for c in mine),
+                                      "wait_s": statistics.median(c["start_s"] - c["issue_s"] for c in mine),
+                                      "wire_s": statistics.median(c["end_s"] - c["start_s"] for c in mine)}
+        rows.append(row)
+    return rows
+
+
 def model_row(model: str, rate: str, imported: list[str], ddp: dict, overlap: dict, periods: dict,
               planned: dict, cluster: dict) -> dict:
     whatif = ddp["diagnosis"]["what_if"]
@@ -240,6 +273,10 @@ def print_table(rows: list[dict]) -> None:
             each = ", ".join(f"step {p['step']}: {p['diagnosed_s'] * 1e3:.0f} vs {p['measured_s'] * 1e3:.0f} ms "
                              f"of {p['step_s'] * 1e3:.0f}" for p in pairs)
             print(f"{r['model'].rpartition(':')[2]} {mode}: exposed communication, diagnosed vs the run's own: {each}")
+        for c in r.get("collective_waits", []):
+            each = "  ".join(f"{who} issue {v['issue_s'] * 1e3:.0f} wait {v['wait_s'] * 1e3:.0f} wire {v['wire_s'] * 1e3:.0f}"
+                             for who, v in c.items() if isinstance(v, dict))
+            print(f"{r['model'].rpartition(':')[2]} DDP collective {c['collective']} ({c['bytes'] / 2**20:.1f} MiB), ms: {each}")
         print(f"{r['model'].rpartition(':')[2]}: unprofiled DDP {r['unprofiled_ddp_s'] * 1e3:.1f} ms per step; "
               f"{r['trace_costs']}; holds: {', '.join(k for k, v in r['holds'].items() if v) or 'none'}")
 

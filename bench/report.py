@@ -265,6 +265,16 @@ def diagnose_section() -> list[str]:
          ms(r["traced_ddp_s"]), f"{r['ddp_step_error']:+.1%}",
          f"{r['rank_model']['ranks']} ranks, {r['rank_model']['op_spread']:.0%} op, {r['rank_model']['step_spread']:.0%} step",
          f"{r['predicted_gain']:.3f}", f"{r['measured_gain']:.3f}", f"{r['gain_error']:+.1%}"] for r in rows])
+    waits = [(r["model"].rpartition(":")[2], c) for r in rows for c in r.get("collective_waits", [])]
+    if waits:
+        ranks = sorted({k for _, c in waits for k in c if k.startswith("rank")})
+        lines += ["", "DDP's all-reduces in issue order (ms from the step's start; medians over the traced steps):"
+                  " issued, waiting in the queue, and on the wire, simulated (one rank) and as each rank traced"
+                  " them. A rank's time on the wire includes waiting for the other rank to issue.", ""]
+        lines += table(["model", "all-reduce", "MiB"] + [f"{who} issue / wait / wire" for who in ["simulated", *ranks]], [
+            [model, str(c["collective"]), f"{c['bytes'] / 2 ** 20:.1f}"]
+            + [" / ".join(f"{c[who][k] * 1e3:.0f}" for k in ("issue_s", "wait_s", "wire_s")) if who in c else "-"
+               for who in ["simulated", *ranks]] for model, c in waits])
     return lines + [""]
 
 
