@@ -427,7 +427,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
         costs = trace_costs(_graph(args), traces[0].path)
         cluster = Cluster.load(args.cluster) if args.cluster else None
-        whatif = what_plans_gain(report, costs.graph, cluster, time_limit_s=args.time_limit or 10.0)
+        whatif = what_plans_gain(report, costs.graph, cluster, time_limit_s=args.time_limit or 10.0,
+                                 reference_rank=traces[0].rank or 0)
         data["what_if"] = {**whatif.to_json(), "trace_costs": costs.describe()}
     if args.json:
         write_json_atomic(args.json, data)

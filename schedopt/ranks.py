@@ -7,9 +7,10 @@ step to step (the profiler's traces of two gloo ranks on one machine: a rank's c
 the slowest. The rank model runs the same step program (:class:`.steady.StepProgram`, the steady
 state's semantics) on ``ranks`` ranks at once:
 
-- each rank's op at position j takes ``work[j] * f_op * f_step``: ``f_op`` is drawn per op, rank and
-  step, ``f_step`` per rank and step (contention that slows all of a rank's ops at once); both are
-  log-normal with mean 1 (an op's time is its mean) and the given coefficients of variation;
+- each rank's op at position j takes ``work[j] * f_op * f_step * scale[r]``: ``f_op`` is drawn per op,
+  rank and step, ``f_step`` per rank and step (contention that slows all of a rank's ops at once); both
+  are log-normal with mean 1 (an op's time is its mean) and the given coefficients of variation;
+  ``scale[r]`` is rank r's own speed, fixed (``rank_scale``: a rank that is always slower, as traced);
 - a chunk is issued when the last rank issues it (its gradients ready there, the chunk before it
   issued) and starts when the channel is free; every rank's settle waits for the same end;
 - with interference, a rank's compute is slowed while any collective is on the wire (one channel);
@@ -51,10 +52,17 @@ class RankModel:
     op_spread: float = 0.0
     step_spread: float = 0.0
     seed: int = 0
+    #: each rank's speed, as a factor on every op's time (a rank that is always slower), or () for 1 each
+    rank_scale: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.ranks, int) and not isinstance(self.ranks, bool) and 1 <= self.ranks <= 100_000):
             raise UnitError(f"ranks must be an integer from 1 to 100000, got {self.ranks!r}")
+        scale = tuple(self.rank_scale)
+        if scale and (len(scale) != self.ranks or not all(isinstance(x, (int, float)) and math.isfinite(x)
+                                                           and 0 < x <= 100 for x in scale)):
+            raise UnitError(f"rank_scale must be {self.ranks} factors from 0 to 100, got {scale!r}")
+        object.__setattr__(self, "rank_scale", scale)
         for name in ("op_spread", "step_spread"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 5):
@@ -62,11 +70,12 @@ class RankModel:
 
     @property
     def varies(self) -> bool:
-        return self.op_spread > 0 or self.step_spread > 0
+        return self.op_spread > 0 or self.step_spread > 0 or any(x != 1 for x in self.rank_scale)
 
     def describe(self) -> str:
+        speeds = f", ranks at {', '.join(f'{x:.2f}x' for x in self.rank_scale)} the op times" if self.rank_scale else ""
         return (f"{self.ranks} rank(s), op times varying {self.op_spread:.1%} per op and {self.step_spread:.1%} "
-                f"per rank and step (seed {self.seed})")
+                f"per rank and step{speeds} (seed {self.seed})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +130,7 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
     lag = program.lag or [1] * num_buckets
     rng = np.random.default_rng(model.seed)
     s_op, s_step = _sigma(model.op_spread), _sigma(model.step_spread)
+    scale = np.asarray(model.rank_scale, float) if model.rank_scale else None
     ranks = _Ranks(model.ranks, program.interference)
     history: list[list[float]] = []
     clocks: list[float] = [0.0]
@@ -128,6 +138,8 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
     for step in range(max_steps):
         f = np.exp(s_op * rng.standard_normal((n + num_buckets, model.ranks)) + s_step * rng.standard_normal(model.ranks)
                    - (s_op * s_op + s_step * s_step) / 2)  # mean 1
+        if scale is not None:
+            f *= scale
         w, u = work[:, None] * f[:n], update[:, None] * f[n:]
         done = [0.0] * num_buckets
         c = 0

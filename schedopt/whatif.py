@@ -8,9 +8,11 @@ every run in this project is measured, and what the rank model's mean period pre
 per mode, its solver, and its speedup over the predicted DDP step.
 
 Every figure is the rank model's (:mod:`schedopt.ranks`): the trace's ranks, their op times varying as
-the traces say. Two spreads, both coefficients of variation: the ops' (``op_spread`` in the graph's meta,
-from :func:`schedopt.trace_costs.op_spread`: one op's time from step to step) and the steps' (each
-rank's compute per step, from the diagnosis). An op's measured spread holds the step's common part as
+the traces say. Each rank's own speed: its mean compute per step over the reference rank's (the one
+whose trace gave the op times; a rank that is always slower decides every collective). Two spreads,
+both coefficients of variation: the ops' (``op_spread`` in the graph's meta, from
+:func:`schedopt.trace_costs.op_spread`: one op's time from step to step) and the steps' (each rank's
+compute per step around its own mean, pooled over the ranks). An op's measured spread holds the step's common part as
 well, and a step's the ops' independent parts (shrunk by how evenly the time spreads over the ops,
 ``H = sum(d^2) / sum(d)^2``): with the step's common CV ``c`` and the op's own ``o``,
 ``op^2 = c^2 + o^2`` and ``step^2 = c^2 + o^2 H``, solved for ``c`` and ``o``.
@@ -18,6 +20,7 @@ well, and a step's the ops' independent parts (shrunk by how evenly the time spr
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +50,8 @@ class WhatIf:
                 "prediction_error": (self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s,
                 "cluster": self.cluster.to_json(),
                 "rank_model": {"ranks": self.ranks.ranks, "op_spread": self.ranks.op_spread,
-                               "step_spread": self.ranks.step_spread, "seed": self.ranks.seed},
+                               "step_spread": self.ranks.step_spread, "seed": self.ranks.seed,
+                               "rank_scale": list(self.ranks.rank_scale)},
                 "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t}
                          for m, (s, t) in self.best.items()}}
 
@@ -73,27 +77,37 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
     return calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
 
 
-def rank_model(report: Diagnosis, graph: TrainGraph, *, seed: int = 0) -> RankModel:
-    """The traced ranks, their op times varying as the traces say (see the module docstring)."""
-    computes = [s.compute_s for s in report.steps if s.compute_s > 0]
-    step = statistics.stdev(computes) / statistics.fmean(computes) if len(computes) > 1 else 0.0
+def rank_model(report: Diagnosis, graph: TrainGraph, *, reference_rank: int = 0, seed: int = 0) -> RankModel:
+    """The traced ranks, their op times varying as the traces say (see the module docstring); ``graph``'s
+    op times are ``reference_rank``'s."""
+    by_rank: dict[int, list[float]] = {}
+    for s in report.steps:
+        if s.compute_s > 0:
+            by_rank.setdefault(s.rank, []).append(s.compute_s)
+    means = {r: statistics.fmean(v) for r, v in by_rank.items()}
+    within = [statistics.variance(v) / means[r] ** 2 for r, v in by_rank.items() if len(v) > 1]
+    step = math.sqrt(statistics.fmean(within)) if within else 0.0
     op = float(graph.meta.get("op_spread", 0.0) or 0.0)
     d = [o.duration_s for o in graph.ops.values() if o.phase != "optimizer"]
     h = sum(x * x for x in d) / sum(d) ** 2 if sum(d) > 0 else 1.0
     common = (max(0.0, (step * step - op * op * h) / (1 - h)) if h < 1 else 0.0) ** 0.5
     common = min(common, op) if op > 0 else common
     own = max(0.0, op * op - common * common) ** 0.5
-    return RankModel(ranks=max(1, report.world_size or 1), op_spread=min(own, 5.0), step_spread=min(common, 5.0),
-                     seed=seed)
+    ranks = max(1, report.world_size or 1)
+    reference = means.get(reference_rank)
+    scale = (tuple(means[r] / reference if r in means else 1.0 for r in range(ranks))
+             if reference and len(means) > 1 else ())
+    return RankModel(ranks=ranks, op_spread=min(own, 5.0), step_spread=min(common, 5.0), seed=seed,
+                     rank_scale=scale)
 
 
 def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None = None, *,
-                    time_limit_s: float = 10.0, seed: int = 0) -> WhatIf:
-    """See the module docstring."""
+                    time_limit_s: float = 10.0, seed: int = 0, reference_rank: int = 0) -> WhatIf:
+    """See the module docstring; ``graph``'s op times are ``reference_rank``'s."""
     from .solvers import get, solvers_for
 
     cluster = cluster or cluster_from_trace(report)
-    ranks = rank_model(report, graph, seed=seed)
+    ranks = rank_model(report, graph, reference_rank=reference_rank, seed=seed)
     by_rank: dict[int, list[float]] = {}
     for s in report.steps:
         by_rank.setdefault(s.rank, []).append(s.step_s)

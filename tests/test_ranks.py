@@ -102,9 +102,25 @@ def test_the_traces_spreads_split_into_the_step_s_common_part_and_each_op_s_own(
     computes = [[a, b, a, b], [b, a, b, a]]  # sample CV of the eight: step * sqrt(8/7)
     traced = graph.with_durations({}, meta={"op_spread": op})
     model = rank_model(_report(computes), traced)
-    step_measured = step * (8 / 7) ** 0.5
+    step_measured = step * (4 / 3) ** 0.5  # each rank's sample CV around its own mean, pooled
     assert model.ranks == 2
     assert model.step_spread ** 2 == pytest.approx((step_measured ** 2 - op ** 2 * h) / (1 - h), rel=1e-9)
     assert model.op_spread ** 2 + model.step_spread ** 2 == pytest.approx(op ** 2, rel=1e-9)
+    assert model.rank_scale == (1.0, 1.0)
     steady = rank_model(_report([[1.0, 1.0], [1.0, 1.0]]), graph.with_durations({}, meta={"op_spread": 0.0}))
     assert (steady.op_spread, steady.step_spread, steady.varies) == (0.0, 0.0, False)
+    # a rank always slower than the one whose trace gave the op times: its own speed, not a spread
+    slow = rank_model(_report([[1.0, 1.0, 1.0], [1.3, 1.3, 1.3]]), graph.with_durations({}, meta={"op_spread": 0.0}))
+    assert slow.rank_scale == pytest.approx((1.0, 1.3)) and slow.step_spread == 0.0 and slow.varies
+    other = rank_model(_report([[1.0, 1.0], [1.3, 1.3]]), graph, reference_rank=1)
+    assert other.rank_scale == pytest.approx((1 / 1.3, 1.0))
+
+
+def test_a_rank_that_is_always_slower_decides_the_period(graph):
+    """With a (nearly) free network, two ranks at 1x and 1.5x the op times step at the slower one's pace."""
+    problem = _problem(graph, "barrier", interference=0.0, bandwidth=1e15, latency=0.0)
+    plan = get("pytorch-ddp")(problem, seed=0)
+    run = simulate_ranks(problem, plan, RankModel(ranks=2, rank_scale=(1.0, 1.5)))
+    assert run.period == pytest.approx(1.5 * simulate(problem, plan).iteration_s, rel=1e-3)
+    with pytest.raises(UnitError, match="rank_scale"):
+        RankModel(ranks=2, rank_scale=(1.0,))
