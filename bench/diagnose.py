@@ -26,9 +26,8 @@ The three checks, per model:
 - **DDP step**: the trace-built graph's simulated DDP step against the traced run's measured step
   (the slower rank's mean step, a period as every run here is measured; the trace's op times carry
   the profiler's overhead, so the traced step is what they predict), and beside it the unprofiled
-  runs' period. Both
-  predictions run on the what-if's rank model (``schedopt.ranks``: both ranks, their op times varying
-  as the traces say; the row keeps it, and the plan's one-rank figure beside);
+  runs' period. Both predictions run on the what-if's rank model (``schedopt.ranks``: both ranks,
+  their op times varying as the traces say; the row keeps it, and the plan's one-rank figure beside);
 - **gain**: the predicted gain of the plan (predicted DDP over the plan's predicted step) against the
   measured one (the median over rounds of DDP's period over the plan's).
 
@@ -157,13 +156,20 @@ def run_model(args, model: str, link: Link, work: Path, *, deadline: float) -> d
     return {**row, "collective_waits": collective_waits(ddp["diagnosis"], graph, cluster)}
 
 
+def _problem(graph: Path, cluster: Path, mode: str):
+    """The trace-built graph on the calibrated cluster, in ``mode``."""
+    from schedopt import Cluster, Problem, TrainGraph
+
+    return Problem(graph=TrainGraph.load(graph), cluster=Cluster.from_json(json.loads(cluster.read_text())),
+                   mode=mode)
+
+
 def planned_period(graph: Path, cluster: Path, plan: Path, ranks: dict) -> dict:
     """The plan's predicted period: as ``schedopt plan`` wrote it (one rank) and on the what-if's rank model."""
-    from schedopt import Cluster, Plan, Problem, TrainGraph
+    from schedopt import Plan
     from schedopt.ranks import RankModel, simulate_ranks
 
-    problem = Problem(graph=TrainGraph.load(graph), cluster=Cluster.from_json(json.loads(cluster.read_text())),
-                      mode="overlap")
+    problem = _problem(graph, cluster, "overlap")
     loaded = Plan.load(plan)
     return {"one_rank_s": loaded.predicted.iteration_s, "ranks_s": simulate_ranks(problem, loaded, RankModel(**ranks)).period}
 
@@ -215,12 +221,11 @@ def collective_waits(diagnosis: dict, graph: Path, cluster: Path) -> list[dict]:
     on the wire (medians over the traced steps, from the step's start) beside the simulated ones (one
     rank, the ``pytorch-ddp`` plan on the trace-built graph: the same buckets as the run's). The buffers'
     broadcasts at the forward's start are not all-reduces and are left out."""
-    from schedopt import Cluster, Problem, TrainGraph, simulate
+    from schedopt import simulate
     from schedopt.simulate import chunk_layout, comm_schedule
     from schedopt.solvers import get
 
-    problem = Problem(graph=TrainGraph.load(graph), cluster=Cluster.from_json(json.loads(cluster.read_text())),
-                      mode="barrier")
+    problem = _problem(graph, cluster, "barrier")
     plan = get("pytorch-ddp")(problem, seed=0)
     ready = {name: w.ready_s for name, w in simulate(problem, plan).windows.items()}
     simulated = comm_schedule(chunk_layout(problem.graph, plan), problem.cluster, ready)
@@ -229,14 +234,18 @@ def collective_waits(diagnosis: dict, graph: Path, cluster: Path) -> list[dict]:
         row = {"collective": k, "bytes": sim.chunk.nbytes, "simulated": {
             "issue_s": sim.issue_s, "wait_s": sim.start_s - sim.issue_s, "wire_s": sim.end_s - sim.start_s}}
         for rank in sorted({s["rank"] for s in diagnosis["steps"]}):
-            mine = [c[k] for s in diagnosis["steps"] if s["rank"] == rank
-                    and len(c := [c for c in s["collectives"] if "allreduce" in c["name"].lower().replace("_", "")]) > k]
+            mine = [c[k] for s in diagnosis["steps"] if s["rank"] == rank and len(c := _all_reduces(s)) > k]
             if mine:
                 row[f"rank{rank}"] = {"issue_s": statistics.median(c["issue_s"] for c in mine),
                                       "wait_s": statistics.median(c["start_s"] - c["issue_s"] for c in mine),
                                       "wire_s": statistics.median(c["end_s"] - c["start_s"] for c in mine)}
         rows.append(row)
     return rows
+
+
+def _all_reduces(step: dict) -> list[dict]:
+    """A diagnosed step's all-reduces (gloo's ``gloo:all_reduce``, NCCL's ``...AllReduce...``), in order."""
+    return [c for c in step["collectives"] if "allreduce" in c["name"].lower().replace("_", "")]
 
 
 def model_row(model: str, rate: str, imported: list[str], ddp: dict, overlap: dict, periods: dict,

@@ -288,6 +288,7 @@ def stragglers_section() -> list[str]:
              " each spread, and its change. Per solver, the median change over the models:", ""]
     solvers = sorted({r["solver"] for r in rows} - {"pytorch-ddp"})
     cases = sorted({(r["world_size"], r["mode"]) for r in rows})
+
     def label(spread: list[float]) -> str:
         return f"{spread[0]:.0%} op" + (f"/{spread[1]:.0%} step" if spread[1] else "")
 

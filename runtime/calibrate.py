@@ -242,26 +242,25 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
         return calibrate([m.nbytes for m in ms], [m.median_s for m in ms], world_size=world_size,
                          algorithm=algorithm, name=name)  # type: ignore[arg-type]
 
+    def missed(cluster: Cluster, ms: list[Measurement], tolerance: float) -> list[tuple[float, float, float]]:
+        return misfits(cluster, [m.nbytes for m in ms], [m.median_s for m in ms], from_bytes=PLAN_SIZES_FROM,
+                       tolerance=tolerance)
+
     cluster = fit(measurements)
-    sizes, times = [m.nbytes for m in measurements], [m.median_s for m in measurements]
-    plan_sizes = [s for s in sizes if s >= PLAN_SIZES_FROM]
-    slow = [m.nbytes for m in measurements if m.median_s > (1 + MISFIT) * cluster.allreduce_s(m.nbytes)]
-    if misfits(cluster, sizes, times, from_bytes=PLAN_SIZES_FROM):  # which of them is off, no fit can say
-        slow = sorted(set(slow) | set(plan_sizes))
-    if slow:
+    again = {m.nbytes for m in measurements if m.median_s > (1 + MISFIT) * cluster.allreduce_s(m.nbytes)}
+    if missed(cluster, measurements, MISFIT):  # which of the sizes plans issue is off, no fit can say: all of them
+        again |= {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
+    if again:
         options = {k: v for k, v in sweep.items() if k in ("min_repeats", "max_repeats")}
-        again = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=slow,
-                                                        time_limit_s=sweep.get("time_limit_s", 60.0), **options)}
-        measurements = [again[m.nbytes] if m.nbytes in again and again[m.nbytes].median_s < m.median_s else m
-                        for m in measurements]
+        remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=sorted(again),
+                                                             time_limit_s=sweep.get("time_limit_s", 60.0), **options)}
+        measurements = [min(m, remeasured.get(m.nbytes, m), key=lambda x: x.median_s) for m in measurements]
         cluster = fit(measurements)
-    missed = misfits(cluster, [m.nbytes for m in measurements], [m.median_s for m in measurements],
-                     from_bytes=PLAN_SIZES_FROM, tolerance=REFUSE)
-    if missed:
-        sizes = ", ".join(f"{format_size(s)} measured {format_duration(t)}, fitted {format_duration(f)}"
-                          for s, t, f in missed)
+    if off := missed(cluster, measurements, REFUSE):
+        named = ", ".join(f"{format_size(s)} measured {format_duration(t)}, fitted {format_duration(f)}"
+                          for s, t, f in off)
         message = (f"calibrate: an alpha-beta fit ({cluster.describe()}) misses the sizes plans issue by more than "
-                   f"{REFUSE:.0%}: {sizes}; the link is not one rate over them (a shaper's burst, a congested path): "
+                   f"{REFUSE:.0%}: {named}; the link is not one rate over them (a shaper's burst, a congested path): "
                    "calibrate again when it is quiet, plan with --bandwidth, or keep this fit with --force")
         if not force:
             raise CalibrationError(message)

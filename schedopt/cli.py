@@ -287,8 +287,8 @@ def _rank_run(args: argparse.Namespace, problem: Problem, plan: Plan) -> dict[st
     model = RankModel(ranks=args.ranks or problem.cluster.world_size, op_spread=args.op_spread,
                       step_spread=args.step_spread, seed=args.seed)
     run = simulate_ranks(problem, plan, model)
-    return {"ranks": model.ranks, "op_spread": model.op_spread, "step_spread": model.step_spread, "seed": model.seed,
-            "period_s": run.period, "steps": run.steps, "stable": run.stable, "describe": model.describe()}
+    return {**model.to_json(), "period_s": run.period, "steps": run.steps, "stable": run.stable,
+            "describe": model.describe()}
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

@@ -33,8 +33,9 @@ __all__ = ["Cluster", "PRESETS", "CLUSTER_SCHEMA", "FitQuality", "calibrate", "f
 PLAN_SIZES_FROM = 1 << 20
 #: A measured size the fit misses by more than MISFIT (relative to the measured time) is measured again;
 #: a fit that still misses a size a plan would issue by more than REFUSE explains the link badly and is
-#: refused (the 1000 Mbit/s sweep above: a factor of 8; gloo over localhost under load: up to 65%, memory
-#: copies that outgrow a cache, no link).
+#: refused (the 1000 Mbit/s sweep in ``calibrate``'s docstring: a factor of 8). Over localhost there is no
+#: link, only memory copies that outgrow a cache: under a loaded test run 1-4 MiB bent by 65% to a factor
+#: of 4.6, which ``--force`` keeps.
 MISFIT, REFUSE = 0.2, 0.5
 
 #: The schema of a cluster file (``schedopt calibrate -o``, ``--cluster FILE``).

@@ -33,7 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UnitError
+from .errors import InvalidPlanError, UnitError
+from .plan import Plan, validate
+from .problem import Problem
+from .simulate import simulate, step_program
 from .steady import Machine, StepProgram
 
 __all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "WARMUP_STEPS", "MAX_RANK_STEPS"]
@@ -71,6 +74,11 @@ class RankModel:
     @property
     def varies(self) -> bool:
         return self.op_spread > 0 or self.step_spread > 0 or any(x != 1 for x in self.rank_scale)
+
+    def to_json(self) -> dict:
+        """The fields, as ``RankModel(**model.to_json())`` reads them back."""
+        return {"ranks": self.ranks, "op_spread": self.op_spread, "step_spread": self.step_spread, "seed": self.seed,
+                "rank_scale": list(self.rank_scale)}
 
     def describe(self) -> str:
         speeds = f", ranks at {', '.join(f'{x:.2f}x' for x in self.rank_scale)} the op times" if self.rank_scale else ""
@@ -165,20 +173,25 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
         clocks.append(float(ranks.t.mean()))
         if _settled(clocks):
             break
-    periods = np.diff(clocks[WARMUP_STEPS + 1:]) if len(clocks) > WARMUP_STEPS + 2 else np.diff(clocks)
+    periods = _periods(clocks)
     return RankRun(period=float(periods.mean()), steps=len(periods), stable=_settled(clocks))
+
+
+def _periods(clocks: list[float]) -> np.ndarray:
+    """The step periods after the warm-up (every period, if the run was shorter than that)."""
+    return np.diff(clocks[WARMUP_STEPS + 1:]) if len(clocks) > WARMUP_STEPS + 2 else np.diff(clocks)
 
 
 def _settled(clocks: list[float]) -> bool:
     """True once the mean period after the warm-up has a 95% interval within 1% of it."""
-    periods = np.diff(clocks[WARMUP_STEPS + 1:])
-    if len(periods) < _MIN_MEASURED:
+    periods = _periods(clocks)
+    if len(periods) < _MIN_MEASURED:  # (a run shorter than the warm-up has fewer still)
         return False
     mean = float(periods.mean())
     return mean > 0 and 1.96 * statistics.stdev(periods.tolist()) / math.sqrt(len(periods)) <= _STABLE * mean
 
 
-def simulate_ranks(problem, plan, model: RankModel) -> RankRun:
+def simulate_ranks(problem: Problem, plan: Plan, model: RankModel) -> RankRun:
     """``plan``'s period on ``model``'s ranks (``barrier``, ``overlap`` or ``osp``); without variation,
     :func:`~schedopt.simulate.simulate`'s figure itself.
 
@@ -186,10 +199,6 @@ def simulate_ranks(problem, plan, model: RankModel) -> RankRun:
         InvalidPlanError: a sharded plan (its units run on :mod:`.shard_sim`, one rank), or one that does
             not fit the graph.
     """
-    from .errors import InvalidPlanError
-    from .plan import validate
-    from .simulate import simulate, step_program
-
     if problem.mode == "sharded":
         raise InvalidPlanError("the rank model runs barrier, overlap and osp plans; sharded plans run on one rank")
     if not model.varies:

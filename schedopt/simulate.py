@@ -43,7 +43,7 @@ per rank (``Timeline.peak_memory_bytes``, ``Timeline.memory`` its curve).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal, Mapping, NamedTuple
 
 from .cluster import Cluster
 from .graph import TrainGraph
@@ -393,7 +393,24 @@ def _first_readers_of_buckets(graph: TrainGraph, compute_ops: list[str], home: M
     return needs, [k for k in range(num_buckets) if k not in claimed]
 
 
-def step_program(problem: Problem, plan: Plan) -> StepProgram:
+class _StepLayout(NamedTuple):
+    """A plan's step as positions: its compute ops in order, each op's position, each parameter's bucket,
+    and the collectives in issue order."""
+
+    compute_ops: list[str]
+    position: dict[str, int]
+    home: dict[str, int]
+    layout: list[Chunk]
+
+
+def _step_layout(graph: TrainGraph, plan: Plan) -> _StepLayout:
+    compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
+    return _StepLayout(compute_ops=compute_ops, position={op_id: j for j, op_id in enumerate(compute_ops)},
+                       home={name: k for k, b in enumerate(plan.buckets) for name in b.params},
+                       layout=chunk_layout(graph, plan))
+
+
+def step_program(problem: Problem, plan: Plan, step: _StepLayout | None = None) -> StepProgram:
     """``plan``'s step as the engines run it (:mod:`.steady`, :mod:`.ranks`): every compute op a position.
 
     ``overlap`` and ``osp``: each bucket settles before its first reader of the next step (lag 1, or
@@ -401,15 +418,12 @@ def step_program(problem: Problem, plan: Plan) -> StepProgram:
     collectives (lag 0), then the optimizer runs (the last position).
     """
     graph, cluster = problem.graph, problem.cluster
-    compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
-    position = {op_id: j for j, op_id in enumerate(compute_ops)}
-    layout = chunk_layout(graph, plan)
+    compute_ops, position, home, layout = step or _step_layout(graph, plan)
     work = [graph.ops[o].duration_s for o in compute_ops]
     if problem.mode == "barrier":
         settle, update, lag = {len(work): list(range(len(plan.buckets)))}, [0.0] * len(plan.buckets), [0] * len(plan.buckets)
         work.append(graph.totals.optimizer_s)
     else:
-        home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
         needs, unread = _first_readers_of_buckets(graph, compute_ops, home, len(plan.buckets))
         settle = {position[op_id]: ks for op_id, ks in needs.items()}
         if unread:
@@ -425,11 +439,9 @@ def step_program(problem: Problem, plan: Plan) -> StepProgram:
 def _simulate_overlap(problem: Problem, plan: Plan) -> Timeline:
     """The steady state of :mod:`.steady` with every op, and its events and windows."""
     graph = problem.graph
-    compute_ops = [op_id for op_id in plan.order if graph.ops[op_id].phase != "optimizer"]
-    position = {op_id: j for j, op_id in enumerate(compute_ops)}
-    home = {name: k for k, b in enumerate(plan.buckets) for name in b.params}
-    layout = chunk_layout(graph, plan)
-    program = step_program(problem, plan)
+    step = _step_layout(graph, plan)
+    compute_ops, position, home, layout = step
+    program = step_program(problem, plan, step)
     update_s = program.update
     events: list[Event] = []
     # per step: when each gradient was ready, when the stream reached each bucket's first reader, synced

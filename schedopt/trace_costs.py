@@ -142,7 +142,7 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
 def op_spread(samples: dict[str, list[float]]) -> float:
     """The ops' coefficient of variation over the traced steps, pooled by time: the root of the
     time-weighted mean of each op's squared CV (ops seen in one step only do not count)."""
-    weighted = [(statistics.fmean(v), statistics.stdev(v) / statistics.fmean(v)) for v in samples.values()
-                if len(v) > 1 and statistics.fmean(v) > 0]
+    weighted = [(m, statistics.stdev(v) / m) for v in samples.values()
+                if len(v) > 1 and (m := statistics.fmean(v)) > 0]
     total = sum(m for m, _ in weighted)
     return math.sqrt(sum(m * cv * cv for m, cv in weighted) / total) if total > 0 else 0.0

@@ -4,16 +4,17 @@ From a diagnosis (:mod:`schedopt.diagnose`) and the model's graph with the trace
 (:mod:`schedopt.trace_costs`): the cluster is the one given, or else fitted to the trace's own
 all-reduces (their bytes and how long each ran, :func:`schedopt.cluster.calibrate`); DDP's plan
 (``pytorch-ddp``) is simulated beside the measured step (the slowest rank's mean step: a period, as
-every run in this project is measured, and what the rank model's mean period predicts), and every solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step
-per mode, its solver, and its speedup over the predicted DDP step.
+every run in this project is measured, and what the rank model's mean period predicts), and every
+solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step per mode, its
+solver, and its speedup over the predicted DDP step.
 
 Every figure is the rank model's (:mod:`schedopt.ranks`): the trace's ranks, their op times varying as
 the traces say. Each rank's own speed: its mean compute per step over the reference rank's (the one
 whose trace gave the op times; a rank that is always slower decides every collective). Two spreads,
 both coefficients of variation: the ops' (``op_spread`` in the graph's meta, from
 :func:`schedopt.trace_costs.op_spread`: one op's time from step to step) and the steps' (each rank's
-compute per step around its own mean, pooled over the ranks). An op's measured spread holds the step's common part as
-well, and a step's the ops' independent parts (shrunk by how evenly the time spreads over the ops,
+compute per step around its own mean, pooled over the ranks). An op's measured spread holds the
+step's common part as well, and a step's the ops' independent parts (shrunk by how evenly the time spreads over the ops,
 ``H = sum(d^2) / sum(d)^2``): with the step's common CV ``c`` and the op's own ``o``,
 ``op^2 = c^2 + o^2`` and ``step^2 = c^2 + o^2 H``, solved for ``c`` and ``o``.
 """
@@ -49,9 +50,7 @@ class WhatIf:
         return {"measured_ddp_s": self.measured_ddp_s, "predicted_ddp_s": self.predicted_ddp_s,
                 "prediction_error": (self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s,
                 "cluster": self.cluster.to_json(),
-                "rank_model": {"ranks": self.ranks.ranks, "op_spread": self.ranks.op_spread,
-                               "step_spread": self.ranks.step_spread, "seed": self.ranks.seed,
-                               "rank_scale": list(self.ranks.rank_scale)},
+                "rank_model": self.ranks.to_json(),
                 "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t}
                          for m, (s, t) in self.best.items()}}
 
@@ -77,13 +76,19 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
     return calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
 
 
+def _per_rank(report: Diagnosis, field: str) -> dict[int, list[float]]:
+    """Each rank's ``field`` (a step row's time) over its traced steps, where it is positive."""
+    by_rank: dict[int, list[float]] = {}
+    for s in report.steps:
+        if (value := getattr(s, field)) > 0:
+            by_rank.setdefault(s.rank, []).append(value)
+    return by_rank
+
+
 def rank_model(report: Diagnosis, graph: TrainGraph, *, reference_rank: int = 0, seed: int = 0) -> RankModel:
     """The traced ranks, their op times varying as the traces say (see the module docstring); ``graph``'s
     op times are ``reference_rank``'s."""
-    by_rank: dict[int, list[float]] = {}
-    for s in report.steps:
-        if s.compute_s > 0:
-            by_rank.setdefault(s.rank, []).append(s.compute_s)
+    by_rank = _per_rank(report, "compute_s")
     means = {r: statistics.fmean(v) for r, v in by_rank.items()}
     within = [statistics.variance(v) / means[r] ** 2 for r, v in by_rank.items() if len(v) > 1]
     step = math.sqrt(statistics.fmean(within)) if within else 0.0
@@ -108,10 +113,7 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
 
     cluster = cluster or cluster_from_trace(report)
     ranks = rank_model(report, graph, reference_rank=reference_rank, seed=seed)
-    by_rank: dict[int, list[float]] = {}
-    for s in report.steps:
-        by_rank.setdefault(s.rank, []).append(s.step_s)
-    measured = max(statistics.fmean(steps) for steps in by_rank.values())
+    measured = max(statistics.fmean(steps) for steps in _per_rank(report, "step_s").values())
     barrier = Problem(graph=graph, cluster=cluster, mode="barrier")
     ddp = simulate_ranks(barrier, get("pytorch-ddp")(barrier, seed=seed), ranks).period
     best: dict[str, tuple[str, float]] = {}
