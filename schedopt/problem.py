@@ -28,7 +28,7 @@ Execution, how the plan's op order is run:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from .cluster import Cluster
@@ -58,6 +58,10 @@ class Problem:
     buckets a plan may put in stage 2 (read one step stale, corrected by the local gradient).
     ``memory_budget_bytes`` (``sharded`` mode): the most parameter and gradient bytes a rank may
     hold at once (None: no limit).
+
+    A graph whose op times were measured in a traced run (its meta says ``interference_in_op_times``,
+    :mod:`schedopt.trace_costs`) already holds the slowdown the run's collectives caused: its problem's
+    cluster has no ``interference``, so that no simulation adds it again.
     """
 
     graph: TrainGraph
@@ -68,6 +72,8 @@ class Problem:
     memory_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        if self.graph.meta.get("interference_in_op_times") and self.cluster.interference:
+            object.__setattr__(self, "cluster", replace(self.cluster, interference=0.0))
         if self.mode not in MODES:
             raise SchedoptError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if self.execution not in EXECUTIONS:

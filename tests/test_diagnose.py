@@ -8,18 +8,21 @@ import os
 import subprocess
 import warnings
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schedopt import Cluster, Problem, simulate
 from schedopt.cli import main
 from schedopt.diagnose import diagnose
 from schedopt.errors import TraceError
 from schedopt.intervals import covered, covered_union, length, uncovered, union
 from schedopt.importers import from_torch
 from schedopt.kineto import load_traces
+from schedopt.solvers import get
 from schedopt.trace_costs import trace_costs
 from schedopt.whatif import what_plans_gain
 
@@ -151,6 +154,17 @@ def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     assert costs.matched_ops / costs.graph_ops > 0.8 and 0.05 < costs.explained_share <= 1.0, costs.describe()
     changed = [o for o in costs.graph.ops.values() if o.duration_s != graph.ops[o.id].duration_s]
     assert len(changed) == costs.matched_ops  # the matched ops take the trace's times, the rest their estimates
+    # ... scaled up so that forward and backward add up to the traced compute (the engine's and the hooks' time)
+    totals = costs.graph.totals
+    assert costs.overhead > 0 and totals.forward_s + totals.backward_s == pytest.approx(costs.compute_s, rel=1e-9)
+    # the traced times hold the collectives' slowdown already: no simulation adds the cluster's again
+    noisy = Cluster(world_size=2, bandwidth_Bps=1e8, interference=0.5)
+    problem = Problem(graph=costs.graph, cluster=noisy, mode="overlap")
+    assert problem.cluster.interference == 0.0
+    plan = get("pytorch-ddp")(problem)
+    quiet = Problem(graph=costs.graph, cluster=replace(noisy, interference=0.0), mode="overlap")
+    assert simulate(problem, plan).iteration_s == simulate(quiet, plan).iteration_s
+    assert Problem(graph=graph, cluster=noisy).cluster.interference == 0.5  # estimated op times: it applies
     # and what plans would gain, from the trace alone (the cluster fitted to its collectives)
     whatif = what_plans_gain(report, costs.graph, time_limit_s=1)
     assert whatif.predicted_ddp_s > 0 and set(whatif.best) == {"barrier", "overlap", "osp"}
