@@ -28,7 +28,6 @@ collectives), and the optimizer runs after: ``simulate``'s barrier semantics.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,7 +187,7 @@ def _settled(clocks: list[float]) -> bool:
     if len(periods) < _MIN_MEASURED:  # (a run shorter than the warm-up has fewer still)
         return False
     mean = float(periods.mean())
-    return mean > 0 and 1.96 * statistics.stdev(periods.tolist()) / math.sqrt(len(periods)) <= _STABLE * mean
+    return mean > 0 and 1.96 * float(periods.std(ddof=1)) / math.sqrt(len(periods)) <= _STABLE * mean
 
 
 def simulate_ranks(problem: Problem, plan: Plan, model: RankModel) -> RankRun:
