@@ -24,7 +24,7 @@ Two things the traced times already hold, so that a prediction on them does not 
   meta says ``interference_in_op_times`` and :class:`~schedopt.problem.Problem` simulates such a graph
   with no interference, whatever the cluster's. (Adding the calibrated interference on top predicted
   ResNet-18's DDP step up to +10.8% over the measured; without it, and with the overhead, -7.8% to
-  +1.3% over those sets.)
+  +1.5% over those sets.)
 
 The report says how much was matched: the share of the graph's compute ops, and the share of the
 traced steps' compute time the matched ops explain.
@@ -148,7 +148,8 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
         raise TraceError(f"trace file {str(path)!r} has no op of the graph's kinds (aten ops of {graph.name!r}); "
                          "is it a trace of this model's training?")
     durations = {op_id: statistics.fmean(v) for op_id, v in samples.items()}
-    scale = _overhead_scale(graph, durations, compute / len(steps))
+    compute_s = compute / len(steps)
+    scale = _overhead_scale(graph, durations, compute_s)
     durations = {op_id: d * scale for op_id, d in durations.items()}
     spread = op_spread(samples)
     traced = graph.with_durations(durations, meta={"costs": f"trace {Path(path).name}", "op_spread": spread,
@@ -156,7 +157,7 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
     return TraceCosts(graph=traced, matched_ops=len(durations), graph_ops=sum(len(u) for units in by_kind.values()
                                                                               for u in units),
                       explained_share=explained / compute if compute > 0 else 0.0, steps=len(steps),
-                      op_spread=spread, overhead=scale - 1, compute_s=compute / len(steps))
+                      op_spread=spread, overhead=scale - 1, compute_s=compute_s)
 
 
 def _overhead_scale(graph: TrainGraph, matched: dict[str, float], traced_compute_s: float) -> float:
