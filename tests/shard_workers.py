@@ -61,21 +61,25 @@ def _train(model: nn.Module, example: tuple, loss_fn: Any, rank: int, steps: ran
         sched.step()
 
 
-def against_fsdp2_and_ddp(rank: int, world: int, name: str, plan, steps: int = 5) -> dict[str, Any]:
+def against_fsdp2_and_ddp(rank: int, world: int, name: str, plan, steps: int = 5, *,
+                          rebucketed_ddp: bool = False) -> dict[str, Any]:
     """The plan through ``shard``, FSDP2 per block (``shard`` with no plan) and DDP, trained side by
-    side with AdamW (two groups) and StepLR: the worst differences of parameters and optimizer state."""
+    side with AdamW (two groups) and StepLR: the worst differences of parameters and optimizer state.
+    With ``rebucketed_ddp``, also DDP with 10 KB buckets against DDP: how far torch's own DDP moves
+    when only where each gradient sits in the collectives changes."""
     from schedopt.runtime import records, shard
 
     base, example, loss_fn = build(name)
-    copies = {"plan": copy.deepcopy(base), "per_block": copy.deepcopy(base), "ddp": copy.deepcopy(base)}
-    models = {"plan": shard(copies["plan"], plan), "per_block": shard(copies["per_block"], None),
-              "ddp": nn.parallel.DistributedDataParallel(copies["ddp"])}
+    models = {"plan": shard(copy.deepcopy(base), plan), "per_block": shard(copy.deepcopy(base), None),
+              "ddp": nn.parallel.DistributedDataParallel(copy.deepcopy(base))}
+    if rebucketed_ddp:
+        models["ddp_rebucketed"] = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=0.01)
     state, grads = {}, {}
     for key, model in models.items():
         opt, sched = _optimizer("adamw", model, scheduler=True)
         grads[key] = []
         _train(model, example, loss_fn, rank, range(steps), opt, sched, grads[key])
-        inner = model.module if key == "ddp" else model
+        inner = model.module if key.startswith("ddp") else model
         state[key] = (_params(inner), _opt_state(inner, opt))
     rec = records(models["plan"])
     step = rec.steps[-1]
@@ -84,6 +88,9 @@ def against_fsdp2_and_ddp(rank: int, world: int, name: str, plan, steps: int = 5
         "plan_vs_per_block": [_worst(state["plan"][i], state["per_block"][i]) for i in (0, 1)],
         "grads_vs_ddp": [_worst(a, b) for a, b in zip(grads["plan"], grads["ddp"])],
         "params_vs_ddp_norm": _norm_relative(state["plan"][0], state["ddp"][0]),
+        **({"rebucketed_vs_ddp": [_worst(state["ddp_rebucketed"][i], state["ddp"][i]) for i in (0, 1)],
+            "rebucketed_vs_ddp_norm": _norm_relative(state["ddp_rebucketed"][0], state["ddp"][0]),
+            } if rebucketed_ddp else {}),
         "steps_recorded": len(rec.steps),
         "collectives": [c.to_json() for c in step.collectives],
         "peak_bytes": rec.peak_bytes(step), "shard_bytes": rec.shard_bytes,

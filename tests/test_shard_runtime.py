@@ -71,18 +71,25 @@ def test_parameters_and_optimizer_state_equal_fsdp2_and_ddp_bit_for_bit_on_2_ran
         assert r["plan_vs_per_block"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_per_block"]
 
 
-def test_on_3_ranks_within_1e_6_of_fsdp2_and_of_ddp_s_gradients():
-    """On 3 ranks gloo sums in an order that depends on where a gradient sits in the collective's
-    buffer: against FSDP2 per block the parameters and optimizer state agree within 1e-6 (relative to
-    each tensor's largest entry), and every step's gradients within 1e-6 of DDP's. Adam divides by the
-    root of the squared gradients' average, which magnifies those last bits where a gradient is near
-    zero (a bias that starts at zero): after 5 steps the parameters agree with DDP's within 1e-5 of
-    the model's norm (measured 3.2e-6) rather than 1e-6 per tensor."""
+def test_on_3_ranks_within_1e_6_of_fsdp2_and_as_close_to_ddp_as_ddp_to_itself():
+    """On 3 ranks gloo's three-way sums depend on where a gradient sits in the collective's buffer.
+    Against FSDP2 per block the parameters and optimizer state agree within 1e-6 (relative to each
+    tensor's largest entry), and every step's gradients within 1e-6 of DDP's. The parameters after 5
+    AdamW steps do not agree with DDP's within 1e-6, and neither do torch's own DDP's with other
+    buckets: Adam divides by the root of the squared gradients' average, which turns a gradient that
+    is zero but for rounding (the attention's key bias: softmax ignores it) into a whole step whose
+    sign is the rounding's. Measured: DDP with 10 KB buckets against DDP 3.8e-4 on that bias, 1.7e-6
+    by norm; the plan against DDP 5.5e-4 and 3.2e-6 (optimizer state 9.5e-7 and 5.8e-7). The
+    plan stays within 3x of torch's own spread."""
     name, plan = CASES["tiny_gpt units of several modules"](3)
-    for r in run_ranks(workers.against_fsdp2_and_ddp, 3, name, plan, timeout_s=150):
+    for r in run_ranks(workers.against_fsdp2_and_ddp, 3, name, plan, rebucketed_ddp=True, timeout_s=150):
         assert all(rel <= 1e-6 for _, rel in r["plan_vs_per_block"]), r["plan_vs_per_block"]
         assert all(rel <= 1e-6 for _, rel in r["grads_vs_ddp"]), r["grads_vs_ddp"]
-        assert r["params_vs_ddp_norm"] <= 1e-5, r["params_vs_ddp_norm"]
+        torch_own = r["rebucketed_vs_ddp"][0][1]
+        assert torch_own > 1e-6, "torch's DDP agrees with itself: the tolerance below can be 1e-6"
+        for ours, theirs in zip(r["plan_vs_ddp"], r["rebucketed_vs_ddp"]):  # parameters, optimizer state
+            assert ours[1] <= 3 * max(theirs[1], 1e-6), (r["plan_vs_ddp"], r["rebucketed_vs_ddp"])
+        assert r["params_vs_ddp_norm"] <= 3 * r["rebucketed_vs_ddp_norm"], (r["params_vs_ddp_norm"], r["rebucketed_vs_ddp_norm"])
 
 
 def test_what_ran_is_recorded_per_step():
