@@ -209,7 +209,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     print(_describe_graph(graph))
     print(f"measured step {format_duration(report.measured_step_s)} on {report.device} "
           f"(median of {report.num_iterations}); predicted from op times {format_duration(report.predicted_step_s)}"
-          f" ({report.error * 100:+.1f}%) -> {args.output}")
+          f" ({report.error * 100:+.1f}%)"
+          + (f"; op times scaled by +{report.overhead:.1%} to take the engine's time between them" if report.overhead else "")
+          + f" -> {args.output}")
     return 0
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from .errors import SchedoptError
 
-__all__ = ["DeviceSpec", "DEVICES"]
+__all__ = ["DeviceSpec", "DEVICES", "overhead_scale"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,3 +68,18 @@ DEVICES: Mapping[str, DeviceSpec] = MappingProxyType({
     "h200": DeviceSpec(name="h200", peak_flops=989e12, mem_bandwidth_Bps=4.8e12, launch_s=4e-6),
     "cpu": DeviceSpec(name="cpu", peak_flops=100e9, mem_bandwidth_Bps=20e9, launch_s=2e-6),
 })
+
+
+def overhead_scale(graph: Any, measured: Mapping[str, float], compute_s: float) -> float:
+    """The factor (at least 1) by which the ``measured`` ops' times grow so that the graph's forward and
+    backward, its other ops at their current times, add up to a measured step's ``compute_s``.
+
+    A step's compute is more than its ops' times: the autograd engine, Python and hooks run between
+    them. Measured op times (a profile's, a trace's) leave that out; scaling them up spreads it over the
+    ops in proportion, as it runs. Never down: ops timed apart from each other can take longer in sum
+    than the step (a synchronize around each CUDA op), and the step's own figure is then the less sure.
+    """
+    others = sum(op.duration_s for op in graph.ops.values()
+                 if op.phase in ("forward", "backward") and op.id not in measured)
+    total = sum(measured.values())
+    return max(1.0, (compute_s - others) / total) if total > 0 else 1.0

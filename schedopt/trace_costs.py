@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cost import overhead_scale
 from .errors import TraceError
 from .graph import TrainGraph
 from .intervals import length, union
@@ -149,7 +150,7 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
                          "is it a trace of this model's training?")
     durations = {op_id: statistics.fmean(v) for op_id, v in samples.items()}
     compute_s = compute / len(steps)
-    scale = _overhead_scale(graph, durations, compute_s)
+    scale = overhead_scale(graph, durations, compute_s)
     durations = {op_id: d * scale for op_id, d in durations.items()}
     spread = op_spread(samples)
     traced = graph.with_durations(durations, meta={"costs": f"trace {Path(path).name}", "op_spread": spread,
@@ -158,15 +159,6 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
                                                                               for u in units),
                       explained_share=explained / compute if compute > 0 else 0.0, steps=len(steps),
                       op_spread=spread, overhead=scale - 1, compute_s=compute_s)
-
-
-def _overhead_scale(graph: TrainGraph, matched: dict[str, float], traced_compute_s: float) -> float:
-    """The factor (at least 1) by which the matched ops' times grow so that the graph's forward and
-    backward, the unmatched ops at their estimates, add up to ``traced_compute_s`` (see the module docstring)."""
-    others = sum(op.duration_s for op in graph.ops.values()
-                 if op.phase in ("forward", "backward") and op.id not in matched)
-    total = sum(matched.values())
-    return max(1.0, (traced_compute_s - others) / total) if total > 0 else 1.0
 
 
 def op_spread(samples: dict[str, list[float]]) -> float:

@@ -258,3 +258,33 @@ def test_cli_import_and_profile(tmp_path):
     assert profiled.fingerprint == imported.fingerprint
     bad = run("import", f"{MODELS_FILE}:tiny_cnn", "--device", "tpu9")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown device 'tpu9'" in bad.stderr
+
+
+def test_profiled_op_times_add_up_to_the_measured_step():
+    """The ops timed one by one leave out the engine's time between them; the profiled graph's forward
+    and backward are scaled up to the eager step's compute, never down."""
+    from schedopt.importers.profile import profile_torch
+
+    spec = load_factory(f"{MODELS_FILE}:tiny_gpt")
+    graph, report = profile_torch(spec.model, spec.example_inputs, loss_fn=spec.loss_fn, iterations=3)
+    compute = graph.totals.forward_s + graph.totals.backward_s
+    assert graph.meta["overhead"] == report.overhead >= 0
+    if report.overhead > 0:  # measured here: +14%
+        assert compute == pytest.approx(report.measured_step_s - report.optimizer_s, rel=1e-9)
+    else:  # timed apart, the ops took longer than the step: kept as timed
+        assert compute >= report.measured_step_s - report.optimizer_s
+    assert compute == pytest.approx((report.predicted_step_s - report.optimizer_s) * (1 + report.overhead), rel=1e-9)
+
+
+def test_overhead_scale_never_scales_down_and_leaves_other_ops_alone():
+    from schedopt.cost import overhead_scale
+    from schedopt.synthetic import chain
+
+    graph = chain(3)
+    fwd_bwd = [op for op in graph.ops.values() if op.phase in ("forward", "backward")]
+    measured = {op.id: op.duration_s for op in fwd_bwd[:2]}
+    others = sum(op.duration_s for op in fwd_bwd[2:])
+    total = sum(measured.values())
+    assert overhead_scale(graph, measured, others + 1.5 * total) == pytest.approx(1.5)
+    assert overhead_scale(graph, measured, others + 0.5 * total) == 1.0
+    assert overhead_scale(graph, {}, 1.0) == 1.0
