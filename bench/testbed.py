@@ -229,7 +229,8 @@ def schedopt_cli(*args: str, timeout_s: float, env: dict[str, str] | None = None
 
 def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, iterations: int = 5,
                  report: bool = True) -> None:
-    """Profile on both cores at once, one thread each (as the two ranks compute); ``report``: print rank 0's summary."""
+    """Profile on both cores at once, one thread each (as the two ranks compute), into ``out``: each op's
+    median over the two (their mean); ``report``: print rank 0's summary."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "schedopt", "profile", model, "-o", str(out.with_suffix(f".{k}.json")),
                                "--iterations", str(iterations), *batch], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -246,7 +247,9 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, i
             raise TestbedError(f"schedopt profile failed: {stderr.strip().splitlines()[-1:]}")
     if report:
         print(outputs[0][0].strip().splitlines()[-1])
-    shutil.copy(out.with_suffix(".0.json"), out)
+    from schedopt import TrainGraph
+
+    _pooled([TrainGraph.load(out.with_suffix(f".{k}.json")) for k in range(2)]).save(out)  # both ranks' op times
 
 
 # ----------------------------------------------------------------------------- the bench

@@ -7,11 +7,12 @@ Steps:
 2. Run the traced step with an FX interpreter that times every aten call
    together with the tensor frees it makes due (``torch.cuda.synchronize``
    around it on CUDA), leaving the interpreter's own bookkeeping out; repeat
-   and keep each op's median. A node that became two ops (the split ``convolution_backward``)
+   and keep each op's mean (a training run's pace is a mean: where op times
+   spike, medians sum short of it; gpt_tied's traced medians by 12%). A node that became two ops (the split ``convolution_backward``)
    shares its time by their FLOPs.
 3. Time the optimizer step (``torch.optim.SGD``) and the whole eager step
    (``zero_grad``, forward, loss, ``backward``, ``step``), interleaved with
-   step 2 so that load from elsewhere hits all of them alike; medians.
+   step 2 so that load from elsewhere hits all of them alike; means.
 4. Write the measured times into the graph, scaled up (never down) so that
    the forward and backward add up to the eager step's compute: the ops timed
    one by one leave out the autograd engine's time between them (gpt_tied on
@@ -33,7 +34,7 @@ from schedopt.graph import TrainGraph
 
 from .pytorch import AtenGraphBuilder, module_tree, record_grad_order, trace_train_step
 
-__all__ = ["ProfileReport", "on_device", "profile_torch"]
+__all__ = ["ProfileReport", "on_device", "profile_torch", "profile_launched"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,14 +58,14 @@ class ProfileReport:
 
 
 def on_device(model: Any, example_inputs: tuple, device: str) -> tuple[Any, tuple]:
-    """``model`` and its tensor inputs moved to ``device`` (``cpu`` or ``cuda``).
+    """``model`` and its tensor inputs moved to ``device`` (``cpu``, ``cuda`` or ``cuda:N``).
 
     Raises:
         GraphImportError: ``cuda`` on a machine without a CUDA device.
     """
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if device.startswith("cuda") and not torch.cuda.is_available():
         raise GraphImportError("profile --on cuda: this machine has no CUDA device")
     return model.to(device), tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
 
@@ -110,12 +111,12 @@ def profile_torch(
     optimizer = torch.optim.SGD(list(params.values()), lr=lr)
     steps, opt_times, ratios = _interleaved_runs(model, example_inputs, loss_fn, optimizer, timer, flat_args,
                                                  samples, sync, warmup=warmup, iterations=iterations, name=name)
-    durations = {op_id: statistics.median(samples[node_name]) * share
+    durations = {op_id: statistics.fmean(samples[node_name]) * share
                  for node_name, parts in builder.node_ops.items() for op_id, share in parts}
     timed_s = sum(durations.values())
-    optimizer_s = statistics.median(opt_times)
+    optimizer_s = statistics.fmean(opt_times)
     # 4. the engine's time between the ops, spread over them; the measured graph and the report
-    scale = overhead_scale(graph, durations, statistics.median(steps) - optimizer_s)
+    scale = overhead_scale(graph, durations, statistics.fmean(steps) - optimizer_s)
     durations = {op_id: d * scale for op_id, d in durations.items()}
     durations["optimizer.step"] = optimizer_s
     profiled = graph.with_durations(durations, meta={
@@ -127,7 +128,7 @@ def profile_torch(
     report = ProfileReport(
         device="cuda" if on_cuda else "cpu",
         num_iterations=iterations,
-        measured_step_s=statistics.median(steps),
+        measured_step_s=statistics.fmean(steps),
         predicted_step_s=timed_s + optimizer_s,
         optimizer_s=optimizer_s,
         num_ops_timed=len(durations),
@@ -236,3 +237,46 @@ def _record_grad_to_weight(model: Any, ratios: dict[str, list[float]]) -> None:
         for name, p in model.named_parameters():
             if name in ratios and p.grad is not None:
                 ratios[name].append(float(p.grad.norm() / p.norm().clamp_min(1e-12)))
+
+
+def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[..., Any], name: str | None = None,
+                     iterations: int = 5) -> tuple[TrainGraph, list[ProfileReport]] | None:
+    """Under torchrun: every rank profiles at once, as the ranks will compute when they train.
+
+    Ranks that share a host share its memory bandwidth and caches (two CPU ranks on this machine: each
+    op slower than with the host to itself), so a profile of one process alone predicts their steps
+    short. Every rank times the step (:func:`profile_torch`) after a common barrier; rank 0 returns the
+    graph whose every op takes its median time over the ranks, and each rank's report (their measured
+    steps: how much the ranks' speeds differ); the other ranks return None.
+
+    Raises:
+        LaunchError: torchrun's variables are missing or malformed.
+        GraphImportError: the model cannot be traced or run on some rank.
+    """
+    import torch.distributed as dist
+
+    from schedopt.rendezvous import check_rendezvous_env
+
+    rank = check_rendezvous_env(what="schedopt profile on several ranks").rank
+    dist.init_process_group("gloo")
+    try:
+        dist.barrier()
+        try:
+            graph, report = profile_torch(model, example_inputs, loss_fn=loss_fn, name=name, iterations=iterations)
+            mine: Any = ({op_id: op.duration_s for op_id, op in graph.ops.items()}, report)
+        except GraphImportError as exc:
+            mine = exc
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine)
+    finally:
+        dist.destroy_process_group()
+    if failed := next((g for g in gathered if isinstance(g, GraphImportError)), None):
+        raise GraphImportError(str(failed))
+    if rank != 0:
+        return None
+    durations = {op_id: statistics.median(d[op_id] for d, _ in gathered) for op_id in graph.ops}
+    reports = [r for _, r in gathered]
+    pooled = graph.with_durations(durations, meta={
+        "profile_ranks": len(gathered), "overhead": statistics.median(r.overhead for r in reports),
+        "rank_step_s": [r.measured_step_s for r in reports]})
+    return pooled, reports

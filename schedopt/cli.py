@@ -199,19 +199,32 @@ def _cmd_import(args: argparse.Namespace) -> int:
 def _cmd_profile(args: argparse.Namespace) -> int:
     if model_kind(args.model) != "factory":
         raise SchedoptError(f"profile runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
-    from .importers import load_factory
-    from .importers.profile import on_device, profile_torch
+    import os
 
+    from .importers import load_factory
+    from .importers.profile import on_device, profile_launched, profile_torch
+
+    launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ  # under torchrun: every rank profiles at once
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if args.on == "cuda" and launched else args.on
     spec = load_factory(args.model, batch_size=args.batch_size)
-    model, inputs = on_device(spec.model, spec.example_inputs, args.on)
-    graph, report = profile_torch(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations)
+    model, inputs = on_device(spec.model, spec.example_inputs, device)
+    if launched:
+        done = profile_launched(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations)
+        if done is None:  # not rank 0
+            return 0
+        graph, reports = done
+    else:
+        graph, report = profile_torch(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations)
+        reports = [report]
     graph.save(args.output)
     print(_describe_graph(graph))
-    print(f"measured step {format_duration(report.measured_step_s)} on {report.device} "
-          f"(median of {report.num_iterations}); predicted from op times {format_duration(report.predicted_step_s)}"
-          f" ({report.error * 100:+.1f}%)"
-          + (f"; op times scaled by +{report.overhead:.1%} to take the engine's time between them" if report.overhead else "")
-          + f" -> {args.output}")
+    for rank, report in enumerate(reports):
+        print(("" if not launched else f"rank {rank}: ")
+              + f"measured step {format_duration(report.measured_step_s)} on {report.device} "
+              f"(mean of {report.num_iterations}); predicted from op times {format_duration(report.predicted_step_s)}"
+              f" ({report.error * 100:+.1f}%)"
+              + (f"; op times scaled by +{report.overhead:.1%} to take the engine's time between them" if report.overhead else ""))
+    print(("each op's median over the ranks " if launched else "") + f"-> {args.output}")
     return 0
 
 
@@ -583,7 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or a directory: its first rank's), matched by op kind and order")
     p.set_defaults(run=_cmd_import)
 
-    p = sub.add_parser("profile", help="measure per-op times of a real training step on this machine")
+    p = sub.add_parser("profile", help="measure per-op times of a real training step on this machine "
+                                          "(under torchrun: on every rank at once)")
     p.add_argument("model", help="path/to/file.py:factory")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
     p.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (default 10)")

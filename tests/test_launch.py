@@ -115,6 +115,22 @@ def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path):
     assert f"{run['period_s'] * 1e3:.1f} ms per step" in done.stdout
 
 
+def test_profile_under_torchrun_times_every_rank_at_once(tmp_path):
+    """Ranks that share a host slow each other: profiled on every rank at once, each op's median over them."""
+    out = tmp_path / "g.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "schedopt", "profile", f"{MODELS_FILE}:tiny_cnn", "--iterations", "2", "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("rank 0: measured step") == 1 and done.stdout.count("rank 1: measured step") == 1
+    from schedopt import TrainGraph
+
+    graph = TrainGraph.load(out)
+    assert graph.meta["costs"] == "profiled" and graph.meta["profile_ranks"] == 2
+    assert len(graph.meta["rank_step_s"]) == 2 and min(graph.meta["rank_step_s"]) > 0
+    assert graph.totals.forward_s > 0 and graph.totals.backward_s > 0
+
+
 def test_torchrun_compile_applies_a_compiled_plan_and_compiles_the_ddp_baseline(tmp_path):
     plan = tmp_path / "plan.json"
     assert main(["plan", f"{MODELS_FILE}:tiny_branches", "--solver", "caramel", "--world-size", "2",
