@@ -37,7 +37,8 @@ demo: setup
 	# the plan applied: two gloo ranks on localhost train gpt_tied, with DDP and with the plan
 	# (localhost has no link, only memory copies that bend with the cache: --force keeps the fit, with a warning if it is off)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt calibrate --max-size 16MiB --time-limit 15s --force -o $(OUT)/cluster.json
-	OMP_NUM_THREADS=1 $(VENV)/bin/schedopt profile examples/models.py:gpt_tied --iterations 3 -o $(OUT)/train_graph.json
+	# profiled on both ranks at once, as they will train (they share this host's memory and caches)
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt profile examples/models.py:gpt_tied --iterations 3 -o $(OUT)/train_graph.json
 	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --solver pytorch-ddp --cluster $(OUT)/cluster.json -o $(OUT)/ddp_plan.json
 	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --solver cpsat --time-limit 10 --cluster $(OUT)/cluster.json -o $(OUT)/train_plan.json
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --ddp --threads 1 --steps 8 --quiet --json $(OUT)/ddp_run.json

@@ -516,6 +516,7 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
         plan = Plan.load(plan_of[mode])
         shutil.copy(plan_of[mode], work / f"{mode}{PLAN}")
         timeline = predict(plan, pooled, cluster)
+        period = predict_period(plan, pooled, cluster)
         flat = [t for run_ in m.steps[mode] for t in run_]
         measured_s = statistics.median(m.periods[mode])
         rows.append({
@@ -523,7 +524,8 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
             "measured_s": measured_s, "measured_runs_s": m.periods[mode],
             "step_median_s": statistics.median(flat), "step_min_s": min(flat),
             "step_max_s": max(flat), "num_steps": len(flat),
-            "predicted_s": timeline.iteration_s, "predicted_planning_s": predict(plan, graph, cluster).iteration_s,
+            "predicted_s": period, "predicted_one_rank_s": timeline.iteration_s,
+            "predicted_planning_s": predict(plan, graph, cluster).iteration_s,
             "profiled_s": [_step_s(g) for g in m.profiles], "compute_s": timeline.compute_s,
             "comm_s": timeline.comm_s, "bound_s": bound,
             "measured_wait_median_s": statistics.median(m.waits[mode]) if m.waits[mode] else None,
@@ -537,10 +539,24 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
             "execution": plan.execution,
             "measured_phases_s": [statistics.median(p) for p in zip(*m.phases[mode])] if m.phases[mode] else None,
             "predicted_phases_s": _phases(timeline),
-            "prediction_error": (timeline.iteration_s - measured_s) / measured_s,
+            "prediction_error": (period - measured_s) / measured_s,
             "cluster": cluster.to_json(), "calibration_r2": r2,
         })
     return rows
+
+def predict_period(plan, graph, cluster, *, engine: bool = False) -> float:
+    """``plan``'s predicted period on every rank: each rank's ops varying as the profile measured
+    (:meth:`schedopt.ranks.RankModel.measured`), each collective waiting for the last rank; a sharded
+    plan on one rank (:func:`predict`). ``engine`` as for :func:`predict`."""
+    from schedopt import Problem
+    from schedopt.ranks import RankModel, simulate_ranks
+
+    plan = _as_run(plan, graph, engine)
+    if plan.mode == "sharded":
+        return predict(plan, graph, cluster).iteration_s
+    problem = Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution)
+    return simulate_ranks(problem, plan, RankModel.measured(graph, cluster.world_size)).period
+
 
 def predict(plan, graph, cluster, *, engine: bool = False):
     """The simulated timeline of ``plan`` on ``graph``; ``engine``: an eager plan on the graph's engine order now.
@@ -550,11 +566,16 @@ def predict(plan, graph, cluster, *, engine: bool = False):
     autograd engine's order whatever the plan says; the model of that order can improve).
     """
     from schedopt import Problem, simulate
+
+    plan = _as_run(plan, graph, engine)
+    return simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
+
+
+def _as_run(plan, graph, engine: bool):
+    """``plan`` as it runs: with ``engine``, an eager plan on the engine order of ``graph`` today."""
     from schedopt.orders import engine_order
 
-    if engine and plan.execution == "eager":
-        plan = replace(plan, order=tuple(engine_order(graph)))
-    return simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
+    return replace(plan, order=tuple(engine_order(graph))) if engine and plan.execution == "eager" else plan
 
 
 #: What ``--json`` keeps of each run's ``examples/train.py --json`` (in ``runs/NAME/`` beside the rows).
@@ -650,7 +671,7 @@ def recompute(dirs: list[str]) -> int:
             against = (f"; {row['solver']}, predicted {row['predicted_s'] * 1e3:.1f} "
                        f"({(row['predicted_s'] - measured) / measured:+.1%})" if row else "")
             if graph is not None and cluster is not None and f"{mode}{PLAN}" in files:
-                now = predict(Plan.from_json(files[f"{mode}{PLAN}"]), graph, cluster, engine=True).iteration_s
+                now = predict_period(Plan.from_json(files[f"{mode}{PLAN}"]), graph, cluster, engine=True)
                 against += f", today {now * 1e3:.1f} ({(now - measured) / measured:+.1%})"
             each = "/".join(f"{t * 1e3:.0f}" for t in periods[mode])
             print(f"  {mode:16s} {measured * 1e3:7.1f} ms per step (runs {each}), "
@@ -669,10 +690,13 @@ def _step_s(graph) -> float:
 
 
 def _pooled(profiles: list):
-    """One graph whose every op takes its median time over ``profiles`` (the same model's)."""
+    """One graph whose every op takes its median time over ``profiles`` (the same model's), and the
+    median of their ops' and steps' spreads (the rank model's, :func:`predict_period`)."""
     first = profiles[0]
+    spreads = {key: statistics.median(vals) for key in ("op_spread", "step_spread")
+               if (vals := [g.meta[key] for g in profiles if key in g.meta])}
     return first.with_durations({op_id: statistics.median(g.ops[op_id].duration_s for g in profiles)
-                                 for op_id in first.ops})
+                                 for op_id in first.ops}, meta=spreads)
 
 
 def _phases(timeline) -> list[float]:

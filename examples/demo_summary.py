@@ -12,7 +12,8 @@ import json
 import statistics
 import sys
 
-from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
+from schedopt import Cluster, Plan, Problem, TrainGraph
+from schedopt.ranks import RankModel, simulate_ranks
 
 
 def main(argv: list[str]) -> int:
@@ -25,7 +26,9 @@ def main(argv: list[str]) -> int:
         plan_path, _, run_path = pair.partition(":")
         plan = Plan.load(plan_path)
         run = json.loads(open(run_path).read())
-        predicted = simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode), plan).iteration_s
+        # every rank, its ops varying as the profile measured; a collective waits for the last
+        model = RankModel.measured(graph, cluster.world_size)
+        predicted = simulate_ranks(Problem(graph=graph, cluster=cluster, mode=plan.mode), plan, model).period
         rows.append((run["kind"], plan.solver.name, run["period_s"], predicted, len(run["step_s"])))
     ddp_s = rows[0][2]
     print(f"{'run':9s} {'plan':12s} {'measured':>10s} {'predicted':>10s} {'error':>7s} {'vs ddp':>7s}")

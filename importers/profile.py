@@ -31,6 +31,7 @@ from typing import Any, Callable
 from schedopt.cost import DeviceSpec, overhead_scale
 from schedopt.errors import GraphImportError
 from schedopt.graph import TrainGraph
+from schedopt.trace_costs import op_spread
 
 from .pytorch import AtenGraphBuilder, module_tree, record_grad_order, trace_train_step
 
@@ -122,6 +123,9 @@ def profile_torch(
     profiled = graph.with_durations(durations, meta={
         "costs": "profiled", "profile_device": "cuda" if on_cuda else "cpu", "profile_iterations": iterations,
         "overhead": scale - 1,
+        # how much the times vary, for the rank model (schedopt.ranks): each op's, and the whole step's
+        "op_spread": op_spread(samples),
+        "step_spread": statistics.stdev(steps) / statistics.fmean(steps) if len(steps) > 1 else 0.0,
         # osp's stage-2 tie-break (solvers/stages.py): how far a stale copy moves per step
         "grad_to_weight": {n: statistics.median(v) for n, v in ratios.items() if v and n in graph.params},
     })

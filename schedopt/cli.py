@@ -223,8 +223,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
               + f"measured step {format_duration(report.measured_step_s)} on {report.device} "
               f"(mean of {report.num_iterations}); predicted from op times {format_duration(report.predicted_step_s)}"
               f" ({report.error * 100:+.1f}%)"
-              + (f"; op times scaled by +{report.overhead:.1%} to take the engine's time between them" if report.overhead else ""))
-    print(("each op's median over the ranks " if launched else "") + f"-> {args.output}")
+              + (f"; op times scaled by +{report.overhead:.1%} to take the engine's time between them" if report.overhead else "")
+              + ("" if launched else f" -> {args.output}"))
+    if launched:
+        print(f"each op's median over the ranks -> {args.output}")
     return 0
 
 

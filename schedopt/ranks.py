@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidPlanError, UnitError
+from .graph import TrainGraph
 from .plan import Plan, validate
 from .problem import Problem
 from .simulate import simulate, step_program
@@ -69,6 +70,14 @@ class RankModel:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and 0 <= v <= 5):
                 raise UnitError(f"{name} must be a coefficient of variation from 0 to 5, got {v!r}")
+
+    @classmethod
+    def measured(cls, graph: TrainGraph, ranks: int, *, seed: int = 0) -> RankModel:
+        """``ranks`` ranks varying as ``graph``'s costs were measured to (``op_spread`` and
+        ``step_spread`` in its meta: ``schedopt profile`` and trace costs record them); none where
+        they were not measured (estimated costs), which :func:`simulate_ranks` runs as one rank."""
+        spreads = {k: float(graph.meta.get(k) or 0.0) for k in ("op_spread", "step_spread")}
+        return cls(ranks=ranks, seed=seed, **{k: min(v, 5.0) for k, v in spreads.items()})
 
     @property
     def varies(self) -> bool:

@@ -124,3 +124,15 @@ def test_a_rank_that_is_always_slower_decides_the_period(graph):
     assert run.period == pytest.approx(1.5 * simulate(problem, plan).iteration_s, rel=1e-3)
     with pytest.raises(UnitError, match="rank_scale"):
         RankModel(ranks=2, rank_scale=(1.0,))
+
+
+def test_a_measured_graph_varies_as_measured_and_an_estimated_one_not_at_all(graph):
+    """``RankModel.measured`` takes the spreads a profile or a trace recorded in the graph's meta."""
+    estimated = RankModel.measured(graph, 8)
+    assert estimated == RankModel(ranks=8) and not estimated.varies
+    profiled = graph.with_durations({}, meta={"op_spread": 0.25, "step_spread": 0.07})
+    model = RankModel.measured(profiled, 2, seed=3)
+    assert (model.ranks, model.op_spread, model.step_spread, model.seed) == (2, 0.25, 0.07, 3)
+    problem = _problem(profiled, "overlap")
+    plan = get("pytorch-ddp")(problem, seed=0)
+    assert simulate_ranks(problem, plan, model).period > simulate(problem, plan).iteration_s
