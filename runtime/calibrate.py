@@ -150,7 +150,7 @@ def _collective(kind: str, nbytes: int, device: Any, process_group: Any):
     raise SchedoptError(f"unknown collective {kind!r}; valid: all-reduce, all-gather, reduce-scatter")
 
 
-def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 7,
+def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 15,
                          collective_s: float = 0.5) -> list[float]:
     """Return samples of how much slower a compute loop runs while an all-reduce is in flight.
 
@@ -162,8 +162,10 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
            ``collective_s``, 64 MiB at most: units done until it completes.
         4. A sample is ``rate alone / rate during - 1``, the slowest rank's.
 
-    The cluster keeps the median sample. Seven of them, not three: on the
-    shared two-core testbed three samples gave medians from 0 to 0.31 on one link.
+    The cluster keeps the median sample. Fifteen of them: on the shared two-core
+    testbed three samples gave medians from 0 to 0.31 on one link, and seven still
+    0.11 on one calibration and 0.31 on the next (2026-12-03), where the model's own
+    forward ran 20-25% slower beside the collectives in both.
     """
     import torch
     import torch.distributed as dist
