@@ -112,32 +112,31 @@ def profile_torch(
     optimizer = torch.optim.SGD(list(params.values()), lr=lr)
     steps, opt_times, ratios = _interleaved_runs(model, example_inputs, loss_fn, optimizer, timer, flat_args,
                                                  samples, sync, warmup=warmup, iterations=iterations, name=name)
-    durations = {op_id: statistics.fmean(samples[node_name]) * share
-                 for node_name, parts in builder.node_ops.items() for op_id, share in parts}
-    timed_s = sum(durations.values())
-    optimizer_s = statistics.fmean(opt_times)
-    # 4. the engine's time between the ops, spread over them; the measured graph and the report
-    scale = overhead_scale(graph, durations, statistics.fmean(steps) - optimizer_s)
-    durations = {op_id: d * scale for op_id, d in durations.items()}
+    timed = {op_id: statistics.fmean(samples[node_name]) * share
+             for node_name, parts in builder.node_ops.items() for op_id, share in parts}
+    return _measured(graph, timed, samples, steps, opt_times, ratios, device="cuda" if on_cuda else "cpu")
+
+
+def _measured(graph: TrainGraph, timed: dict[str, float], samples: dict[str, list[float]], steps: list[float],
+              opt_times: list[float], ratios: dict[str, list[float]], *, device: str) -> tuple[TrainGraph, ProfileReport]:
+    """Step 4: the engine's time between the ops spread over them (``timed``: each op's mean); the
+    measured graph and the report."""
+    optimizer_s, step_s = statistics.fmean(opt_times), statistics.fmean(steps)
+    scale = overhead_scale(graph, timed, step_s - optimizer_s)
+    durations = {op_id: d * scale for op_id, d in timed.items()}
     durations["optimizer.step"] = optimizer_s
     profiled = graph.with_durations(durations, meta={
-        "costs": "profiled", "profile_device": "cuda" if on_cuda else "cpu", "profile_iterations": iterations,
+        "costs": "profiled", "profile_device": device, "profile_iterations": len(steps),
         "overhead": scale - 1,
         # how much the times vary, for the rank model (schedopt.ranks): each op's, and the whole step's
         "op_spread": op_spread(samples),
-        "step_spread": statistics.stdev(steps) / statistics.fmean(steps) if len(steps) > 1 else 0.0,
+        "step_spread": statistics.stdev(steps) / step_s if len(steps) > 1 else 0.0,
         # osp's stage-2 tie-break (solvers/stages.py): how far a stale copy moves per step
         "grad_to_weight": {n: statistics.median(v) for n, v in ratios.items() if v and n in graph.params},
     })
-    report = ProfileReport(
-        device="cuda" if on_cuda else "cpu",
-        num_iterations=iterations,
-        measured_step_s=statistics.fmean(steps),
-        predicted_step_s=timed_s + optimizer_s,
-        optimizer_s=optimizer_s,
-        num_ops_timed=len(durations),
-        overhead=scale - 1,
-    )
+    report = ProfileReport(device=device, num_iterations=len(steps), measured_step_s=step_s,
+                           predicted_step_s=sum(timed.values()) + optimizer_s, optimizer_s=optimizer_s,
+                           num_ops_timed=len(durations), overhead=scale - 1)
     return profiled, report
 
 

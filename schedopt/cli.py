@@ -100,6 +100,22 @@ def _add_problem_options(parser: argparse.ArgumentParser) -> None:
                              "compiled: reorder ops too (needs a compiled runtime)")
     parser.add_argument("--time-limit", type=_duration, default=None, help="solver time limit, e.g. 30 or 30s")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rank-model", choices=("measured", "none"), default="measured",
+                        help="measured (default): where the graph's op times were measured (a profile, a trace), "
+                             "cpsat keeps the best of its candidates on every rank, each varying as measured; "
+                             "none: one rank")
+
+
+def _problem(args: argparse.Namespace, graph: Any) -> Problem:
+    """The problem ``plan`` and ``compare`` solve: with the ranks varying as the graph's costs were
+    measured to vary, unless ``--rank-model none``."""
+    from .ranks import RankModel
+
+    cluster = _cluster(args)
+    ranks = RankModel.measured(graph, cluster.world_size) if args.rank_model == "measured" else None
+    return Problem(graph=graph, cluster=cluster, mode=args.mode, execution=args.execution,
+                   max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget,
+                   rank_model=ranks if ranks is not None and ranks.varies else None)
 
 
 def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -242,8 +258,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     solver = get(args.solver)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution,
-                      max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget)
+    problem = _problem(args, graph)
     options = _parse_options(args.option)
     if args.time_limit is not None:
         options["time_limit_s"] = args.time_limit
@@ -466,8 +481,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     names = _solver_list(args.solvers, args.mode)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args), mode=args.mode, execution=args.execution,
-                      max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget)
+    problem = _problem(args, graph)
     out = Path(args.out) if args.out else None
 
     saved: dict[str, tuple[Plan, Any]] = {}  # solver -> (plan, timeline), with --out
@@ -561,7 +575,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
                  execution=args.execution, time_limit_s=args.time_limit, seed=args.seed,
                  max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget,
-                 progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
+                 measured_ranks=args.rank_model == "measured", progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
     out = Path(args.out) if args.out else None
     plot = args.plot or (str(out / "sweep.png") if out else None)
     if out is not None:

@@ -29,7 +29,7 @@ Execution, how the plan's op order is run:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from .cluster import Cluster
 from .errors import SchedoptError
@@ -70,8 +70,17 @@ class Problem:
     execution: Execution = "eager"
     max_stale_fraction: float = DEFAULT_MAX_STALE_FRACTION
     memory_budget_bytes: int | None = None
+    #: the ranks to choose plans on (a :class:`schedopt.ranks.RankModel`, e.g. ``RankModel.measured``):
+    #: where its ops vary, cpsat re-checks its best candidates on it and keeps the one whose period
+    #: there is shortest (None: one rank, every rank alike)
+    rank_model: Any = None
 
     def __post_init__(self) -> None:
+        if self.rank_model is not None:
+            from .ranks import RankModel
+
+            if not isinstance(self.rank_model, RankModel):
+                raise SchedoptError(f"rank_model must be a schedopt.ranks.RankModel, got {self.rank_model!r}")
         if self.graph.meta.get("interference_in_op_times") and self.cluster.interference:
             object.__setattr__(self, "cluster", replace(self.cluster, interference=0.0))
         if self.mode not in MODES:

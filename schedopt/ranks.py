@@ -39,7 +39,7 @@ from .problem import Problem
 from .simulate import simulate, step_program
 from .steady import Machine, StepProgram
 
-__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "WARMUP_STEPS", "MAX_RANK_STEPS"]
+__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "period", "WARMUP_STEPS", "MAX_RANK_STEPS"]
 
 #: Steps run before the period is measured; steps at most: MAX_RANK_STEPS, or up to 4000 where a step
 #: of every rank has fewer than _CHEAP_STEPS / 4000 positions (one noisy rank needs ~1500 for 1% at 20%).
@@ -214,3 +214,12 @@ def simulate_ranks(problem: Problem, plan: Plan, model: RankModel) -> RankRun:
         return RankRun(period=timeline.iteration_s, steps=timeline.num_steps, stable=timeline.converged is not False)
     validate(plan, problem.graph)
     return run_ranks(step_program(problem, plan), model)
+
+
+def period(problem: Problem, plan: Plan) -> float:
+    """``plan``'s period on ``problem``'s ranks: :func:`simulate_ranks` on ``problem.rank_model`` where
+    its ops vary (and the plan is not sharded), else :func:`~schedopt.simulate.simulate`'s figure."""
+    model = problem.rank_model
+    if model is None or not model.varies or problem.mode == "sharded":
+        return simulate(problem, plan).iteration_s
+    return simulate_ranks(problem, plan, model).period

@@ -201,21 +201,28 @@ def sweep(
     time_limit_s: float | None = None,
     seed: int = 0,
     memory_budget_bytes: int | None = None,
+    measured_ranks: bool = False,
     progress: Callable[[Iterable[tuple[int, float]]], Iterable[tuple[int, float]]] = lambda cases: cases,
 ) -> list[dict[str, Any]]:
     """Compare ``solvers`` on ``graph`` for every world size and bandwidth; one row per (case, solver).
 
     ``base`` is the :class:`~schedopt.cluster.Cluster` whose latency, call
-    overhead and algorithm every case keeps.
+    overhead and algorithm every case keeps; ``measured_ranks``: each case's problem has the rank
+    model of its world size with the spreads ``graph``'s costs were measured to have
+    (:meth:`~schedopt.ranks.RankModel.measured`), where they vary.
     """
     from dataclasses import replace
+
+    from .ranks import RankModel
 
     rows: list[dict[str, Any]] = []
     cases = [(n, bw) for n in world_sizes for bw in bandwidths_Bps]
     for world_size, bandwidth in progress(cases):
         cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
+        ranks = RankModel.measured(graph, world_size) if measured_ranks else None
         problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution,  # type: ignore[arg-type]
-                          max_stale_fraction=max_stale_fraction, memory_budget_bytes=memory_budget_bytes)
+                          max_stale_fraction=max_stale_fraction, memory_budget_bytes=memory_budget_bytes,
+                          rank_model=ranks if ranks is not None and ranks.varies else None)
         for row in compare(problem, solvers, time_limit_s=time_limit_s, seed=seed):
             rows.append({"world_size": world_size, "bandwidth_Bps": bandwidth, **row})
     return rows

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from schedopt import Cluster, Problem, simulate
-from schedopt.errors import InvalidPlanError, UnitError
+from schedopt.errors import InvalidPlanError, SchedoptError, UnitError
 from schedopt.ranks import RankModel, simulate_ranks
 from schedopt.solvers import get
 from schedopt.synthetic import transformer_like
@@ -136,3 +136,22 @@ def test_a_measured_graph_varies_as_measured_and_an_estimated_one_not_at_all(gra
     problem = _problem(profiled, "overlap")
     plan = get("pytorch-ddp")(problem, seed=0)
     assert simulate_ranks(problem, plan, model).period > simulate(problem, plan).iteration_s
+
+
+def test_cpsat_keeps_the_candidate_with_the_shortest_period_on_varying_ranks(graph):
+    """With a rank model that varies, cpsat re-checks its plan and its best warm starts on it and
+    returns the one whose period there is shortest; one rank alike: nothing re-checked."""
+    from schedopt.ranks import period
+
+    varying = graph.with_durations({}, meta={"op_spread": 0.3, "step_spread": 0.1})
+    model = RankModel.measured(varying, 8)
+    problem = Problem(graph=varying, cluster=Cluster.preset("10gbe", world_size=8), mode="overlap", rank_model=model)
+    plan = get("cpsat")(problem, time_limit_s=4, seed=0)
+    periods = plan.solver.stats["rank_periods_s"]
+    assert len(periods) >= 2 and plan.solver.stats["rank_model"] == model.describe()
+    assert period(problem, plan) == pytest.approx(min(periods.values()), rel=1e-6)
+    assert min(periods.values()) <= periods["cpsat"]
+    alike = get("cpsat")(Problem(graph=varying, cluster=problem.cluster, mode="overlap"), time_limit_s=4, seed=0)
+    assert "rank_periods_s" not in alike.solver.stats
+    with pytest.raises(SchedoptError, match="rank_model must be"):
+        Problem(graph=varying, cluster=problem.cluster, rank_model={"ranks": 8})

@@ -29,6 +29,7 @@ from .config import CpsatOptions
 from .deadline import MIN_PHASE_S, Deadline
 from .overlap import OverlapModel, overlap_units
 from .phases import overlap_ops, split_prefix
+from .recheck import on_ranks
 from .sharded import ShardedOptions, solve_sharded
 from .warm import warm_starts
 
@@ -90,8 +91,16 @@ class _Solve:
         self.opt_s = problem.graph.totals.optimizer_s if problem.mode == "barrier" else 0.0
 
     def run(self) -> Plan:
+        """The plan; where the problem's ranks vary, the best of it and the best warm starts on them."""
+        plan = self.solve()
+        model = self.problem.rank_model
+        if model is None or not model.varies or not self.problem.graph.params:
+            return plan
+        return on_ranks(self.problem, plan, self.candidates)
+
+    def solve(self) -> Plan:
         problem, options, stats = self.problem, self.options, self.stats
-        candidates = warm_starts(problem, options, self.deadline, notes=stats)
+        self.candidates = candidates = warm_starts(problem, options, self.deadline, notes=stats)
         stats["warm_start_s"] = self.deadline.elapsed()
         self.hint_s, _, self.hint_plan = min((t, k, p) for k, (t, p) in enumerate(candidates))
         stats["warm_start"] = self.hint_plan.solver.name
