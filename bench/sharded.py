@@ -6,7 +6,8 @@ For GPT-2 small, BERT base and a 1B-parameter ``transformer_like`` (A100 op cost
 ranks on 100 GbE and ``ib-hdr``, with the memory budget at 100% and 60% of ``fsdp-per-block``'s
 peak, it prints each solver's step (ms) and peak memory, or why it has no plan within the budget (and with no
 budget at all: the barrier-like case, where every unit may stay unsharded),
-cpsat's proven bound and its speedup over ``fsdp-per-block``. Last lines: whether cpsat was never
+cpsat's proven bound and its speedup over ``fsdp-per-block``. Last lines: the budgets below the least
+peak any plan can hold (:func:`schedopt.shard_sim.memory_floor`), whether cpsat was never
 slower than the best baseline within the same budget, in how many cases it was at least 1.15x
 ``fsdp-per-block`` at no more memory, and its gap to the bound where the budget lets every unit stay
 unsharded. ``--plot`` draws each solver's step against the memory its plans hold, with the budgets.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from schedopt import Cluster, Problem
 from schedopt.errors import SolverError
+from schedopt.shard_sim import memory_floor
 from schedopt.solvers import get, solvers_for
 from schedopt.synthetic import transformer_like
 
@@ -43,7 +45,7 @@ def run_case(graph, n: int, net: str, fraction: float, per_block_peak: float, ti
     problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode="sharded",
                       memory_budget_bytes=budget)
     row = {"model": graph.name, "world_size": n, "network": net, "budget_fraction": fraction,
-           "memory_budget_bytes": budget}
+           "memory_budget_bytes": budget, "memory_floor_bytes": memory_floor(problem)[0]}
     for name in [*BASELINES, "cpsat"]:
         try:
             options = {"time_limit_s": time_limit} if name == "cpsat" else {}
@@ -143,6 +145,11 @@ def main() -> int:
     print(f"\ncpsat never slower than the best baseline within the budget: "
           f"{'yes' if all(r['no_slower_than_best'] for r in rows) else 'NO'}")
     print(f"cpsat at least 1.15x fsdp-per-block at no more memory: {fast} of {len(rows)} cases")
+    below = [r for r in rows if r["memory_budget_bytes"] is not None and r["memory_budget_bytes"] < r["memory_floor_bytes"]]
+    print(f"budgets below the least peak any plan can hold (no plan exists): {len(below)} of {len(rows)} cases"
+          + "".join(f"\n  {r['model']} {r['world_size']} x {r['network']} at {r['budget_fraction']:.0%}: "
+                    f"{r['memory_budget_bytes'] / 2**20:.0f} MiB < {r['memory_floor_bytes'] / 2**20:.0f} MiB"
+                    for r in below))
     reachable = sum(1 for r in rows if r.get("cpsat_bound_s") and r["fsdp-per-block_s"]
                     and r["fsdp-per-block_s"] / r["cpsat_bound_s"] >= 1.15)
     print(f"cases with a plan where even the lower bound is 1.15x fsdp-per-block: {reachable} of {len(rows)}")

@@ -42,7 +42,7 @@ from .problem import Problem
 from .sharding import Geometry
 from .steady import Machine
 
-__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound"]
+__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
 
@@ -220,6 +220,42 @@ def sharded_lower_bound(problem: Problem) -> float:
         gap = max(0.0, after[q] - after[g1 + 1])
     channel = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + gap
     return t_opt + max(compute, forward + backward_s, channel)
+
+
+def memory_floor(problem: Problem) -> tuple[float, str]:
+    """The least peak memory per rank of every sharded plan of ``problem`` (eager: the engine's order),
+    and where it falls: no budget below it has a plan.
+
+    Units only widen what each parameter holds, so per parameter, whatever the plan: its shard always;
+    its unsharded bytes while a forward op reads it, and from its first backward touch to its last
+    (its unit is gathered for its backward until the post-backward after its last); its gradient from
+    where it comes into being (a tied weight's first backward touch, :class:`~.sharding.Geometry`) to
+    its last gradient op (the reduce-scatter ends after it). The floor is the shards plus the most
+    those parameters hold during any one op.
+    """
+    graph = problem.graph
+    order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
+    shards = graph.total_param_bytes / problem.cluster.world_size
+    if not graph.params or not order:
+        return shards, "the shards only"
+    geometry = Geometry(graph, order, ())
+    held = [0.0] * (len(order) + 1)  # a difference array over op positions
+
+    def hold(first: int, last: int, nbytes: float) -> None:
+        held[first] += nbytes
+        held[last + 1] -= nbytes
+
+    for name, touch in geometry.touches.items():
+        nbytes = graph.params[name].nbytes
+        for j in touch["forward"]:
+            hold(j, j, nbytes)
+        if touch["backward"]:
+            hold(min(touch["backward"]), max(touch["backward"]), nbytes)
+        if (start := Geometry.gradient_start(touch)) is not None:
+            hold(start, max(touch["grads"]), nbytes)
+    levels = list(accumulate(held[:-1]))
+    j = max(range(len(order)), key=levels.__getitem__)
+    return shards + levels[j], f"during {order[j]} ({graph.ops[order[j]].phase})"
 
 
 def _running_bytes(position: dict[str, int], nbytes: dict[str, float], *, reverse: bool = False):

@@ -119,7 +119,7 @@ class Geometry:
         self.nbytes = [sum(graph.params[p].nbytes for p in u.params) for u in self.units]
         phases = [graph.ops[o].phase for o in self.compute_ops]
         self.backward_start = phases.index("backward") if "backward" in phases else len(phases)
-        self._touches = self._param_touches()
+        self.touches = self._param_touches()
         self.spans = [self._span(u) for u in self.units]
 
     def _param_touches(self) -> dict[str, dict[str, list[int]]]:
@@ -137,9 +137,9 @@ class Geometry:
 
     def _span(self, unit: Unit) -> UnitSpan:
         empty: dict[str, list[int]] = {"forward": [], "backward": [], "grads": []}
-        fwd = [j for p in unit.params for j in self._touches.get(p, empty)["forward"]]
-        bwd = [j for p in unit.params for j in self._touches.get(p, empty)["backward"]]
-        grads = [self._gradient_start(self._touches.get(p, empty)) for p in unit.params]
+        fwd = [j for p in unit.params for j in self.touches.get(p, empty)["forward"]]
+        bwd = [j for p in unit.params for j in self.touches.get(p, empty)["backward"]]
+        grads = [self.gradient_start(self.touches.get(p, empty)) for p in unit.params]
         grads = [j for j in grads if j is not None]
         if unit.is_root or not fwd:
             fwd = [0, self.backward_start - 1] if unit.is_root else [0]
@@ -148,7 +148,7 @@ class Geometry:
                         grad_first=min(grads), backward_last=max(bwd))
 
     @staticmethod
-    def _gradient_start(touch: dict[str, list[int]]) -> int | None:
+    def gradient_start(touch: dict[str, list[int]]) -> int | None:
         """Where a parameter's unsharded gradient comes into being: the op that finishes it; for one read
         by several forward ops (a tied embedding), the first backward op that touches it, since the
         backward of its last read makes the first part, which autograd holds until the last arrives."""
