@@ -99,6 +99,31 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def summarize(rows: list[dict]) -> None:
+    """The last lines: why cpsat had no plan, and the checks over every case."""
+    for r in rows:
+        for name in [*BASELINES, "cpsat"]:
+            if r.get(f"{name}_error") and name == "cpsat":
+                print(f"{r['model']} {r['world_size']} x {r['network']} at {r['budget_fraction']:.0%} of per-block's "
+                      f"peak: {r[f'{name}_error']}")
+    fast = sum(1 for r in rows if (r["speedup_vs_per_block"] or 0) >= 1.15
+               and (r["memory_budget_bytes"] is not None or r["cpsat_peak_bytes"] <= r["fsdp-per-block_peak_bytes"]))
+    print(f"\ncpsat never slower than the best baseline within the budget: "
+          f"{'yes' if all(r['no_slower_than_best'] for r in rows) else 'NO'}")
+    print(f"cpsat at least 1.15x fsdp-per-block at no more memory: {fast} of {len(rows)} cases")
+    below = [r for r in rows if r["memory_budget_bytes"] is not None and r["memory_budget_bytes"] < r["memory_floor_bytes"]]
+    print(f"budgets below the least peak any plan can hold (no plan exists): {len(below)} of {len(rows)} cases"
+          + "".join(f"\n  {r['model']} {r['world_size']} x {r['network']} at {r['budget_fraction']:.0%}: "
+                    f"{r['memory_budget_bytes'] / 2**20:.0f} MiB < {r['memory_floor_bytes'] / 2**20:.0f} MiB"
+                    for r in below))
+    reachable = sum(1 for r in rows if r.get("cpsat_bound_s") and r["fsdp-per-block_s"]
+                    and r["fsdp-per-block_s"] / r["cpsat_bound_s"] >= 1.15)
+    print(f"cases with a plan where even the lower bound is 1.15x fsdp-per-block: {reachable} of {len(rows)}")
+    gaps = [r["cpsat_gap"] for r in rows if r["barrier_like"] and r["cpsat_gap"] is not None]
+    if gaps:
+        print(f"cpsat's gap to its bound where nothing is resharded: at most {max(gaps):.2%} over {len(gaps)} cases")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2_small,bert_base,transformer_1b")
@@ -135,27 +160,7 @@ def main() -> int:
                     print(f"{graph.name:<22} {n:>5} {net:<7} {'none' if fraction is None else f'{fraction:.0%}':>6} " + " ".join(cell(b) for b in BASELINES)
                           + f" {cell('cpsat')} {bound * 1e3 if bound else float('nan'):8.2f} "
                           + (f"{sp:7.3f}x" if sp else "       -"), flush=True)
-    for r in rows:
-        for name in [*BASELINES, "cpsat"]:
-            if r.get(f"{name}_error") and name == "cpsat":
-                print(f"{r['model']} {r['world_size']} x {r['network']} at {r['budget_fraction']:.0%} of per-block's "
-                      f"peak: {r[f'{name}_error']}")
-    fast = sum(1 for r in rows if (r["speedup_vs_per_block"] or 0) >= 1.15
-               and (r["memory_budget_bytes"] is not None or r["cpsat_peak_bytes"] <= r["fsdp-per-block_peak_bytes"]))
-    print(f"\ncpsat never slower than the best baseline within the budget: "
-          f"{'yes' if all(r['no_slower_than_best'] for r in rows) else 'NO'}")
-    print(f"cpsat at least 1.15x fsdp-per-block at no more memory: {fast} of {len(rows)} cases")
-    below = [r for r in rows if r["memory_budget_bytes"] is not None and r["memory_budget_bytes"] < r["memory_floor_bytes"]]
-    print(f"budgets below the least peak any plan can hold (no plan exists): {len(below)} of {len(rows)} cases"
-          + "".join(f"\n  {r['model']} {r['world_size']} x {r['network']} at {r['budget_fraction']:.0%}: "
-                    f"{r['memory_budget_bytes'] / 2**20:.0f} MiB < {r['memory_floor_bytes'] / 2**20:.0f} MiB"
-                    for r in below))
-    reachable = sum(1 for r in rows if r.get("cpsat_bound_s") and r["fsdp-per-block_s"]
-                    and r["fsdp-per-block_s"] / r["cpsat_bound_s"] >= 1.15)
-    print(f"cases with a plan where even the lower bound is 1.15x fsdp-per-block: {reachable} of {len(rows)}")
-    gaps = [r["cpsat_gap"] for r in rows if r["barrier_like"] and r["cpsat_gap"] is not None]
-    if gaps:
-        print(f"cpsat's gap to its bound where nothing is resharded: at most {max(gaps):.2%} over {len(gaps)} cases")
+    summarize(rows)
     if args.json:
         write_result(args.json, rows, vars(args))
     if args.plot:
