@@ -311,13 +311,17 @@ def _simulate_summary(graph: Any, plan: Plan, problem: Problem, timeline: Any) -
 
 
 def _rank_run(args: argparse.Namespace, problem: Problem, plan: Plan) -> dict[str, Any] | None:
-    """``--op-spread`` / ``--step-spread``: the period on the rank model (``schedopt.ranks``), else None."""
-    if not (args.op_spread or args.step_spread):
-        return None
+    """The period on the rank model (``schedopt.ranks``) with ``--op-spread`` / ``--step-spread``, each
+    as the graph's costs were measured to vary where not given; None where nothing varies."""
     from .ranks import RankModel, simulate_ranks
 
-    model = RankModel(ranks=args.ranks or problem.cluster.world_size, op_spread=args.op_spread,
-                      step_spread=args.step_spread, seed=args.seed)
+    ranks = args.ranks or problem.cluster.world_size
+    measured = RankModel.measured(problem.graph, ranks)
+    op = measured.op_spread if args.op_spread is None else args.op_spread
+    step = measured.step_spread if args.step_spread is None else args.step_spread
+    if not (op or step) or (problem.mode == "sharded" and args.op_spread is None and args.step_spread is None):
+        return None
+    model = RankModel(ranks=ranks, op_spread=op, step_spread=step, seed=args.seed)
     run = simulate_ranks(problem, plan, model)
     return {**model.to_json(), "period_s": run.period, "steps": run.steps, "stable": run.stable,
             "describe": model.describe()}
@@ -643,9 +647,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gantt", help="write a Gantt chart PNG")
     p.add_argument("--format", choices=["table", "json"], default="table")
     group = p.add_argument_group("the rank model (every rank, op times varying; docs/simulator.md)")
-    group.add_argument("--op-spread", type=_spread, default=0.0, help="each op's variation per rank and step (5%%)")
-    group.add_argument("--step-spread", type=_spread, default=0.0,
-                       help="each rank's whole-step variation per step (5%%)")
+    group.add_argument("--op-spread", type=_spread, default=None,
+                       help="each op's variation per rank and step (5%%; default: as the graph's op times were "
+                            "measured to vary by a profile or trace, else 0)")
+    group.add_argument("--step-spread", type=_spread, default=None,
+                       help="each rank's whole-step variation per step (5%%; default as for --op-spread)")
     group.add_argument("--ranks", type=_positive_int, default=None, help="ranks to simulate (default: the cluster's)")
     group.add_argument("--seed", type=int, default=0, help="the rank model's draws (default 0)")
     p.set_defaults(run=_cmd_simulate)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from schedopt import TrainGraph
 from schedopt.cli import main
 from schedopt.synthetic import diamond, transformer_like
 
@@ -81,6 +82,14 @@ def test_simulate_on_the_rank_model(tmp_path, graph_file, capsys):
     assert main(["simulate", str(plan), str(graph_file), "--op-spread", "5%"]) == 0
     assert "ranks      " in capsys.readouterr().out
     assert main(["simulate", str(plan), str(graph_file), "--format", "json"]) == 0
+    assert "ranks" not in json.loads(capsys.readouterr().out)
+    # a graph whose op times were measured varies as measured, unless told otherwise
+    measured = tmp_path / "measured.json"
+    TrainGraph.load(graph_file).with_durations({}, meta={"op_spread": 0.1, "step_spread": 0.03}).save(measured)
+    assert main(["simulate", str(plan), str(measured), "--format", "json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert (ranks["ranks"], ranks["op_spread"], ranks["step_spread"]) == (8, 0.1, 0.03)
+    assert main(["simulate", str(plan), str(measured), "--format", "json", "--op-spread", "0", "--step-spread", "0"]) == 0
     assert "ranks" not in json.loads(capsys.readouterr().out)
 
 
