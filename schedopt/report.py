@@ -31,9 +31,11 @@ one object per solver. The keys of a row are stable; scripts parse them:
                           takes (null when DDP is at the bound)
 ``error``                 sharded mode: why a solver has no plan within the
                           memory budget (its row's times are null)
+``period_s``              the plan's period on the problem's rank model (every
+                          rank's ops varying as measured; null without one)
 ========================  =====================================================
 
-Schema ``schedopt.compare/3`` added ``peak_memory_bytes``, ``num_units`` and, in sharded
+Schema ``schedopt.compare/4`` added ``period_s`` to ``/3``'s. Schema ``/3`` added ``peak_memory_bytes``, ``num_units`` and, in sharded
 rows without a plan, ``error`` to ``/2``'s. Schema ``/2`` added the last two keys to ``/1``'s, and
 measures the speedup in ``overlap`` mode against DDP as it runs (``/1``:
 against DDP's buckets in overlap mode).
@@ -51,7 +53,7 @@ from .problem import DEFAULT_MAX_STALE_FRACTION, Problem
 __all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
            "format_table", "format_csv", "perfect_overlap_s"]
 
-COMPARE_SCHEMA = "schedopt.compare/3"
+COMPARE_SCHEMA = "schedopt.compare/4"
 
 COLUMNS: tuple[str, ...] = (
     "solver",
@@ -71,6 +73,7 @@ COLUMNS: tuple[str, ...] = (
     "speedup_vs_ddp",
     "perfect_overlap_s",
     "headroom_share",
+    "period_s",
 )
 
 BASELINE = "pytorch-ddp"
@@ -116,7 +119,8 @@ def ddp_timeline(problem: Problem, ddp_plan: Plan):
     return simulate(replace(problem, mode="barrier", memory_budget_bytes=None), plan)
 
 
-def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None) -> dict[str, Any]:
+def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None,
+                   period_s: float | None = None) -> dict[str, Any]:
     """Return the comparison row of one solver's plan (its prediction must be set)."""
     predicted = plan.predicted
     assert predicted is not None, "plans from the registry carry a prediction"
@@ -140,6 +144,7 @@ def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | N
         "perfect_overlap_s": perfect_s,
         "headroom_share": (baseline_s - iteration) / (baseline_s - perfect_s)
         if baseline_s is not None and perfect_s is not None and baseline_s - perfect_s > 1e-12 * baseline_s else None,
+        "period_s": period_s,
     }
 
 
@@ -160,6 +165,7 @@ def compare(
     solver with no plan within the memory budget gets a row with ``error`` and null times.
     """
     from .errors import SolverError
+    from .ranks import period
     from .solvers import get  # the core reaches solvers only through their public entry point
 
     runners = {name: get(name) for name in solvers}  # unknown names fail before any work
@@ -180,7 +186,9 @@ def compare(
     baseline = ddp_iteration_s(_replicated(problem), plans.get(BASELINE) if problem.mode != "sharded" and
                                BASELINE in runners else ddp)
     perfect = perfect_overlap_s(problem)
-    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect) if name in plans else
+    ranks = problem.rank_model is not None and problem.rank_model.varies and problem.mode != "sharded"
+    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect,
+                           period_s=period(problem, plans[name]) if ranks else None) if name in plans else
             {**dict.fromkeys(COLUMNS), "solver": name, "status": "OVER_BUDGET", "error": failed[name]}
             for name in solvers]
 
