@@ -249,7 +249,7 @@ def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[...
     Ranks that share a host share its memory bandwidth and caches (two CPU ranks on this machine: each
     op slower than with the host to itself), so a profile of one process alone predicts their steps
     short. Every rank times the step (:func:`profile_torch`) after a common barrier; rank 0 returns the
-    graph whose every op takes its median time over the ranks, and each rank's report (their measured
+    graph whose every op takes its median time over the ranks (and the spreads theirs), and each rank's report (their measured
     steps: how much the ranks' speeds differ); the other ranks return None.
 
     Raises:
@@ -266,7 +266,8 @@ def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[...
         dist.barrier()
         try:
             graph, report = profile_torch(model, example_inputs, loss_fn=loss_fn, name=name, iterations=iterations)
-            mine: Any = ({op_id: op.duration_s for op_id, op in graph.ops.items()}, report)
+            spreads = {k: graph.meta[k] for k in ("op_spread", "step_spread")}
+            mine: Any = ({op_id: op.duration_s for op_id, op in graph.ops.items()}, report, spreads)
         except GraphImportError as exc:
             mine = exc
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -277,9 +278,10 @@ def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[...
         raise GraphImportError(str(failed))
     if rank != 0:
         return None
-    durations = {op_id: statistics.median(d[op_id] for d, _ in gathered) for op_id in graph.ops}
-    reports = [r for _, r in gathered]
+    durations = {op_id: statistics.median(d[op_id] for d, _, _ in gathered) for op_id in graph.ops}
+    reports = [r for _, r, _ in gathered]
     pooled = graph.with_durations(durations, meta={
         "profile_ranks": len(gathered), "overhead": statistics.median(r.overhead for r in reports),
-        "rank_step_s": [r.measured_step_s for r in reports]})
+        "rank_step_s": [r.measured_step_s for r in reports],
+        **{k: statistics.median(s[k] for _, _, s in gathered) for k in ("op_spread", "step_spread")}})
     return pooled, reports

@@ -128,6 +128,7 @@ def test_profile_under_torchrun_times_every_rank_at_once(tmp_path):
     graph = TrainGraph.load(out)
     assert graph.meta["costs"] == "profiled" and graph.meta["profile_ranks"] == 2
     assert len(graph.meta["rank_step_s"]) == 2 and min(graph.meta["rank_step_s"]) > 0
+    assert graph.meta["op_spread"] > 0 and graph.meta["step_spread"] >= 0  # the rank model's, RankModel.measured
     assert graph.totals.forward_s > 0 and graph.totals.backward_s > 0
 
 
