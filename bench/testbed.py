@@ -248,8 +248,9 @@ def profile_both(model: str, out: Path, *, batch: list[str], timeout_s: float, i
     if report:
         print(outputs[0][0].strip().splitlines()[-1])
     from schedopt import TrainGraph
+    from schedopt.importers.profile import pooled
 
-    _pooled([TrainGraph.load(out.with_suffix(f".{k}.json")) for k in range(2)]).save(out)  # both ranks' op times
+    pooled([TrainGraph.load(out.with_suffix(f".{k}.json")) for k in range(2)]).save(out)  # both ranks' op times
 
 
 # ----------------------------------------------------------------------------- the bench
@@ -508,7 +509,9 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
     from schedopt import Plan, Problem, lower_bound
     from schedopt.problem import DEFERRED_MODES
 
-    pooled = _pooled(m.profiles) if m.profiles else graph
+    from schedopt.importers.profile import pooled as pool
+
+    pooled = pool(m.profiles) if m.profiles else graph
     pooled.save(work / POOLED)
     bound = lower_bound(Problem(graph=pooled, cluster=cluster, mode="overlap"))  # max(compute, comm)
     rows = []
@@ -549,13 +552,11 @@ def predict_period(plan, graph, cluster, *, engine: bool = False) -> float:
     (:meth:`schedopt.ranks.RankModel.measured`), each collective waiting for the last rank; a sharded
     plan on one rank (:func:`predict`). ``engine`` as for :func:`predict`."""
     from schedopt import Problem
-    from schedopt.ranks import RankModel, simulate_ranks
+    from schedopt.ranks import RankModel, period
 
     plan = _as_run(plan, graph, engine)
-    if plan.mode == "sharded":
-        return predict(plan, graph, cluster).iteration_s
-    problem = Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution)
-    return simulate_ranks(problem, plan, RankModel.measured(graph, cluster.world_size)).period
+    return period(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution,
+                          rank_model=RankModel.measured(graph, cluster.world_size)), plan)
 
 
 def predict(plan, graph, cluster, *, engine: bool = False):
@@ -687,16 +688,6 @@ def recompute(dirs: list[str]) -> int:
 def _step_s(graph) -> float:
     """The profiled one-rank step: every op's time, summed."""
     return sum(op.duration_s for op in graph.ops.values())
-
-
-def _pooled(profiles: list):
-    """One graph whose every op takes its median time over ``profiles`` (the same model's), and the
-    median of their ops' and steps' spreads (the rank model's, :func:`predict_period`)."""
-    first = profiles[0]
-    spreads = {key: statistics.median(vals) for key in ("op_spread", "step_spread")
-               if (vals := [g.meta[key] for g in profiles if key in g.meta])}
-    return first.with_durations({op_id: statistics.median(g.ops[op_id].duration_s for g in profiles)
-                                 for op_id in first.ops}, meta=spreads)
 
 
 def _phases(timeline) -> list[float]:

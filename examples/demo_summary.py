@@ -13,7 +13,7 @@ import statistics
 import sys
 
 from schedopt import Cluster, Plan, Problem, TrainGraph
-from schedopt.ranks import RankModel, simulate_ranks
+from schedopt.ranks import RankModel, period
 
 
 def main(argv: list[str]) -> int:
@@ -27,8 +27,9 @@ def main(argv: list[str]) -> int:
         plan = Plan.load(plan_path)
         run = json.loads(open(run_path).read())
         # every rank, its ops varying as the profile measured; a collective waits for the last
-        model = RankModel.measured(graph, cluster.world_size)
-        predicted = simulate_ranks(Problem(graph=graph, cluster=cluster, mode=plan.mode), plan, model).period
+        problem = Problem(graph=graph, cluster=cluster, mode=plan.mode,
+                          rank_model=RankModel.measured(graph, cluster.world_size))
+        predicted = period(problem, plan)
         rows.append((run["kind"], plan.solver.name, run["period_s"], predicted, len(run["step_s"])))
     ddp_s = rows[0][2]
     print(f"{'run':9s} {'plan':12s} {'measured':>10s} {'predicted':>10s} {'error':>7s} {'vs ddp':>7s}")

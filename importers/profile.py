@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from schedopt.cost import DeviceSpec, overhead_scale
 from schedopt.errors import GraphImportError
@@ -35,7 +35,10 @@ from schedopt.trace_costs import op_spread
 
 from .pytorch import AtenGraphBuilder, module_tree, record_grad_order, trace_train_step
 
-__all__ = ["ProfileReport", "on_device", "profile_torch", "profile_launched"]
+__all__ = ["ProfileReport", "on_device", "profile_torch", "profile_launched", "pooled"]
+
+#: what a profile says of how much its times vary (the rank model's, :meth:`schedopt.ranks.RankModel.measured`)
+SPREADS = ("op_spread", "step_spread")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -266,7 +269,7 @@ def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[...
         dist.barrier()
         try:
             graph, report = profile_torch(model, example_inputs, loss_fn=loss_fn, name=name, iterations=iterations)
-            spreads = {k: graph.meta[k] for k in ("op_spread", "step_spread")}
+            spreads = {k: graph.meta[k] for k in SPREADS}
             mine: Any = ({op_id: op.duration_s for op_id, op in graph.ops.items()}, report, spreads)
         except GraphImportError as exc:
             mine = exc
@@ -278,10 +281,17 @@ def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[...
         raise GraphImportError(str(failed))
     if rank != 0:
         return None
-    durations = {op_id: statistics.median(d[op_id] for d, _, _ in gathered) for op_id in graph.ops}
     reports = [r for _, r, _ in gathered]
-    pooled = graph.with_durations(durations, meta={
-        "profile_ranks": len(gathered), "overhead": statistics.median(r.overhead for r in reports),
-        "rank_step_s": [r.measured_step_s for r in reports],
-        **{k: statistics.median(s[k] for _, _, s in gathered) for k in ("op_spread", "step_spread")}})
-    return pooled, reports
+    return pooled([graph.with_durations(d, meta=s) for d, _, s in gathered], meta={
+        "profile_ranks": len(gathered), "rank_step_s": [r.measured_step_s for r in reports],
+        "overhead": statistics.median(r.overhead for r in reports)}), reports
+
+
+def pooled(profiles: Sequence[TrainGraph], *, meta: dict[str, Any] | None = None) -> TrainGraph:
+    """One graph of the same model's ``profiles`` (ranks profiled at once, or one host again and again):
+    every op its median time over them, each spread the median of theirs, and ``meta`` added."""
+    first = profiles[0]
+    spreads = {key: statistics.median(vals) for key in SPREADS
+               if (vals := [g.meta[key] for g in profiles if key in g.meta])}
+    return first.with_durations({op_id: statistics.median(g.ops[op_id].duration_s for g in profiles)
+                                 for op_id in first.ops}, meta={**spreads, **(meta or {})})

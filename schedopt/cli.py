@@ -112,10 +112,9 @@ def _problem(args: argparse.Namespace, graph: Any) -> Problem:
     from .ranks import RankModel
 
     cluster = _cluster(args)
-    ranks = RankModel.measured(graph, cluster.world_size) if args.rank_model == "measured" else None
     return Problem(graph=graph, cluster=cluster, mode=args.mode, execution=args.execution,
                    max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget,
-                   rank_model=ranks if ranks is not None and ranks.varies else None)
+                   rank_model=RankModel.measured(graph, cluster.world_size) if args.rank_model == "measured" else None)
 
 
 def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:

@@ -71,8 +71,8 @@ class Problem:
     max_stale_fraction: float = DEFAULT_MAX_STALE_FRACTION
     memory_budget_bytes: int | None = None
     #: the ranks to choose plans on (a :class:`schedopt.ranks.RankModel`, e.g. ``RankModel.measured``):
-    #: where its ops vary, cpsat re-checks its best candidates on it and keeps the one whose period
-    #: there is shortest (None: one rank, every rank alike)
+    #: cpsat re-checks its best candidates on it and keeps the one whose period there is shortest.
+    #: None: one rank, every rank alike (a model whose ranks do not vary is kept as None)
     rank_model: Any = None
 
     def __post_init__(self) -> None:
@@ -81,6 +81,8 @@ class Problem:
 
             if not isinstance(self.rank_model, RankModel):
                 raise SchedoptError(f"rank_model must be a schedopt.ranks.RankModel, got {self.rank_model!r}")
+            if not self.rank_model.varies:
+                object.__setattr__(self, "rank_model", None)
         if self.graph.meta.get("interference_in_op_times") and self.cluster.interference:
             object.__setattr__(self, "cluster", replace(self.cluster, interference=0.0))
         if self.mode not in MODES:

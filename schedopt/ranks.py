@@ -217,9 +217,8 @@ def simulate_ranks(problem: Problem, plan: Plan, model: RankModel) -> RankRun:
 
 
 def period(problem: Problem, plan: Plan) -> float:
-    """``plan``'s period on ``problem``'s ranks: :func:`simulate_ranks` on ``problem.rank_model`` where
-    its ops vary (and the plan is not sharded), else :func:`~schedopt.simulate.simulate`'s figure."""
-    model = problem.rank_model
-    if model is None or not model.varies or problem.mode == "sharded":
+    """``plan``'s period on ``problem``'s ranks: :func:`simulate_ranks` on ``problem.rank_model`` (a sharded
+    plan, or a problem without one: :func:`~schedopt.simulate.simulate`'s figure)."""
+    if problem.rank_model is None or problem.mode == "sharded":
         return simulate(problem, plan).iteration_s
-    return simulate_ranks(problem, plan, model).period
+    return simulate_ranks(problem, plan, problem.rank_model).period

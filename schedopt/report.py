@@ -186,7 +186,7 @@ def compare(
     baseline = ddp_iteration_s(_replicated(problem), plans.get(BASELINE) if problem.mode != "sharded" and
                                BASELINE in runners else ddp)
     perfect = perfect_overlap_s(problem)
-    ranks = problem.rank_model is not None and problem.rank_model.varies and problem.mode != "sharded"
+    ranks = problem.rank_model is not None and problem.mode != "sharded"
     return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect,
                            period_s=period(problem, plans[name]) if ranks else None) if name in plans else
             {**dict.fromkeys(COLUMNS), "solver": name, "status": "OVER_BUDGET", "error": failed[name]}
@@ -227,10 +227,9 @@ def sweep(
     cases = [(n, bw) for n in world_sizes for bw in bandwidths_Bps]
     for world_size, bandwidth in progress(cases):
         cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
-        ranks = RankModel.measured(graph, world_size) if measured_ranks else None
         problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution,  # type: ignore[arg-type]
                           max_stale_fraction=max_stale_fraction, memory_budget_bytes=memory_budget_bytes,
-                          rank_model=ranks if ranks is not None and ranks.varies else None)
+                          rank_model=RankModel.measured(graph, world_size) if measured_ranks else None)
         for row in compare(problem, solvers, time_limit_s=time_limit_s, seed=seed):
             rows.append({"world_size": world_size, "bandwidth_Bps": bandwidth, **row})
     return rows

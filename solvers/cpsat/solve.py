@@ -93,8 +93,7 @@ class _Solve:
     def run(self) -> Plan:
         """The plan; where the problem's ranks vary, the best of it and the best warm starts on them."""
         plan = self.solve()
-        model = self.problem.rank_model
-        if model is None or not model.varies or not self.problem.graph.params:
+        if self.problem.rank_model is None or not self.problem.graph.params:
             return plan
         return on_ranks(self.problem, plan, self.candidates)
 
