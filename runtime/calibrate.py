@@ -239,7 +239,8 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
 def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algorithm: str, name: str,
                        process_group: Any, sweep: dict, force: bool = False) -> tuple[Cluster, list[Measurement]]:
     """Step 3: fit; measure again the sizes measured slower than the fit, and every size plans issue when
-    the fit misses one of them (each keeps its faster median); refit; refuse a fit that still misses."""
+    the fit misses one of them or no line through them rises (each keeps its faster median); refit;
+    refuse a fit that still misses."""
     def fit(ms: list[Measurement]) -> Cluster:
         return calibrate([m.nbytes for m in ms], [m.median_s for m in ms], world_size=world_size,
                          algorithm=algorithm, name=name)  # type: ignore[arg-type]
@@ -248,16 +249,23 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
         return misfits(cluster, [m.nbytes for m in ms], [m.median_s for m in ms], from_bytes=PLAN_SIZES_FROM,
                        tolerance=tolerance)
 
-    cluster = fit(measurements)
-    again = {m.nbytes for m in measurements if m.median_s > (1 + MISFIT) * cluster.allreduce_s(m.nbytes)}
-    if missed(cluster, measurements, MISFIT):  # which of the sizes plans issue is off, no fit can say: all of them
-        again |= {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
+    try:
+        cluster = fit(measurements)
+    except SchedoptError:  # one slow size among the few plans issue can tilt the line down: measure them again
+        cluster = None
+    if cluster is None:
+        again = {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
+    else:
+        again = {m.nbytes for m in measurements if m.median_s > (1 + MISFIT) * cluster.allreduce_s(m.nbytes)}
+        if missed(cluster, measurements, MISFIT):  # which plan size is off, no fit can say: all of them
+            again |= {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
     if again:
         options = {k: v for k, v in sweep.items() if k in ("min_repeats", "max_repeats")}
         remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=sorted(again),
                                                              time_limit_s=sweep.get("time_limit_s", 60.0), **options)}
         measurements = [min(m, remeasured.get(m.nbytes, m), key=lambda x: x.median_s) for m in measurements]
-        cluster = fit(measurements)
+    if again or cluster is None:
+        cluster = fit(measurements)  # raises where the measurements still do not grow with size
     if off := missed(cluster, measurements, REFUSE):
         named = ", ".join(f"{format_size(s)} measured {format_duration(t)}, fitted {format_duration(f)}"
                           for s, t, f in off)
