@@ -36,7 +36,7 @@ demo: setup
 	cp $(OUT)/compare/compare.png $(OUT)/compare.png
 	# the plan applied: two gloo ranks on localhost train gpt_tied, with DDP and with the plan
 	# (localhost has no link, only memory copies that bend with the cache: --force keeps the fit, with a warning if it is off)
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt calibrate --max-size 16MiB --time-limit 15s --force -o $(OUT)/cluster.json
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt calibrate --max-size 16MiB --time-limit 15s --force --model examples/models.py:gpt_tied -o $(OUT)/cluster.json
 	# profiled on both ranks at once, as they will train (they share this host's memory and caches)
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m schedopt profile examples/models.py:gpt_tied --iterations 3 -o $(OUT)/train_graph.json
 	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --solver pytorch-ddp --cluster $(OUT)/cluster.json -o $(OUT)/ddp_plan.json

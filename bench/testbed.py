@@ -348,10 +348,10 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     if args.rate == BALANCED:  # 3 before 2: the rate comes from the compute
         profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
         graph = TrainGraph.load(graph_file)
-        cluster, fit = balance(link, graph, work, left)
+        cluster, fit = balance(link, graph, work, left, ["--model", args.model, *batch])
     else:
         link.open()
-        cluster, fit = calibrate_link(link, work, left)  # 2
+        cluster, fit = calibrate_link(link, work, left, ["--model", args.model, *batch])  # 2
         profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))  # 3
         graph = TrainGraph.load(graph_file)
     plan_of = plan_modes(args, modes, work, cluster, graph_file, left)  # 4
@@ -359,13 +359,14 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
     return result_rows(args, modes, plan_of, measured, graph, cluster, fit["r2"], work, rate=link.rate)  # 6
 
 
-def calibrate_link(link: Link, work: Path, left):
-    """Step 2: ``schedopt calibrate`` over the link as it is capped now; the cluster and its fit's figures."""
+def calibrate_link(link: Link, work: Path, left, model: list[str]):
+    """Step 2: ``schedopt calibrate`` over the link as it is capped now; the cluster and its fit's figures.
+    ``model``: ``--model`` and its options, so that the interference is measured on the model's own steps."""
     from schedopt import Cluster
 
     cluster_file = work / "cluster.json"
-    launch(link, ["-m", "schedopt", "calibrate", "-o", str(cluster_file), "--time-limit", "60s"],
-           env={}, timeout_s=min(240, left()), log=work / "calibrate")
+    launch(link, ["-m", "schedopt", "calibrate", "-o", str(cluster_file), "--time-limit", "60s", *model],
+           env={}, timeout_s=min(300, left()), log=work / "calibrate")
     cluster = Cluster.load(cluster_file)
     fit = json.loads(cluster_file.read_text())["calibration"]
     print(f"calibrated at {link.rate}: {cluster.describe()} (R^2 {fit['r2']:.4f}, "
@@ -373,7 +374,7 @@ def calibrate_link(link: Link, work: Path, left):
     return cluster, fit
 
 
-def balance(link: Link, graph, work: Path, left, *, tolerance: float = 0.1, tries: int = 3):
+def balance(link: Link, graph, work: Path, left, model: list[str], *, tolerance: float = 0.1, tries: int = 3):
     """``--rate balanced``: cap the link where the calibrated all-reduce of every gradient takes as long as
     the profiled compute (within ``tolerance``); the cluster calibrated there and its fit.
 
@@ -386,7 +387,7 @@ def balance(link: Link, graph, work: Path, left, *, tolerance: float = 0.1, trie
     mbit = 8 * nbytes / compute / 1e6
     for attempt in range(tries):
         link.set_rate(f"{mbit:.0f}mbit")
-        cluster, fit = calibrate_link(link, work, left)
+        cluster, fit = calibrate_link(link, work, left, model)
         ratio = cluster.allreduce_s(nbytes) / compute
         print(f"balanced? every gradient's all-reduce {cluster.allreduce_s(nbytes) * 1e3:.0f} ms, compute "
               f"{compute * 1e3:.0f} ms ({ratio:.2f}x) at {link.rate}")

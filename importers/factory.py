@@ -31,6 +31,17 @@ class ModelSpec:
     example_inputs: tuple
     loss_fn: Callable[..., Any]
 
+    def forward_backward(self) -> Callable[[], None]:
+        """One forward and backward of the model on its example inputs (gradients reset first), as a call."""
+        model, inputs, loss_fn = self.model, self.example_inputs, self.loss_fn
+        model.train()
+
+        def step() -> None:
+            model.zero_grad(set_to_none=True)
+            loss_fn(model(*inputs), *inputs).backward()
+
+        return step
+
 
 def is_factory_spec(spec: str) -> bool:
     """True for ``something.py:name``."""

@@ -33,10 +33,11 @@ Steps:
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from schedopt.cluster import MISFIT, PLAN_SIZES_FROM, REFUSE, Cluster, FitQuality, calibrate, fit_quality, fit_shard_cost, misfits
 from schedopt.errors import CalibrationError, SchedoptError
@@ -66,11 +67,13 @@ class Calibration:
     measurements: tuple[Measurement, ...]
     backend: str
     interference_samples: tuple[float, ...] = ()
+    #: the compute whose interference was measured: the model's name, or ``matmul`` (the stand-in)
+    interference_of: str = "matmul"
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, **asdict(self.quality),
                 "measurements": [asdict(m) for m in self.measurements],
-                "interference_samples": list(self.interference_samples)}
+                "interference_samples": list(self.interference_samples), "interference_of": self.interference_of}
 
 
 def _device(process_group: Any) -> Any:
@@ -151,21 +154,23 @@ def _collective(kind: str, nbytes: int, device: Any, process_group: Any):
 
 
 def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 15,
-                         collective_s: float = 0.5) -> list[float]:
-    """Return samples of how much slower a compute loop runs while an all-reduce is in flight.
+                         collective_s: float = 0.5, work: Callable[[], Any] | None = None) -> list[float]:
+    """Return samples of how much slower compute runs while all-reduces are in flight.
 
     Steps:
-        1. The compute unit is a 192 x 192 matmul on one thread's worth of work,
-           as the model's ops are (the rank's own threads).
-        2. Its rate alone: units per second over about 0.3 s.
-        3. Its rate during an async all-reduce sized (from ``cluster``) to last
-           ``collective_s``, 64 MiB at most: units done until it completes.
-        4. A sample is ``rate alone / rate during - 1``, the slowest rank's.
+        1. The unit of compute: ``work`` (``schedopt calibrate --model``: the model's forward and
+           backward) or, without it, a 192 x 192 matmul on one thread's worth of work. Its time
+           alone is the slowest rank's median of three; ``k`` units take 0.3 s or more.
+        2. Per sample, every rank at once (as they train): ``k`` units alone, timed; then ``k``
+           units while all-reduces sized from ``cluster`` to last twice that long (``collective_s``
+           at least, 256 MiB at most) are in flight, timed.
+        3. A sample is ``time during / time alone - 1``, the slowest rank's. One whose collectives
+           ended before the units did (part of them ran uncontended) is left out, unless all are.
 
-    The cluster keeps the median sample. Fifteen of them: on the shared two-core
-    testbed three samples gave medians from 0 to 0.31 on one link, and seven still
-    0.11 on one calibration and 0.31 on the next (2026-12-03), where the model's own
-    forward ran 20-25% slower beside the collectives in both.
+    The cluster keeps the median. The matmul is a stand-in: on the two-core testbed it read 11-32%
+    from one calibration to the next, while ResNet-18's and the tied GPT's own steps ran 20-25% slower
+    beside gloo's collectives than that predicted (their kept runs are fitted best at 40-60%), so
+    ``--model`` measures the model that will train.
     """
     import torch
     import torch.distributed as dist
@@ -173,34 +178,57 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     device = _device(process_group)
     if device.type == "cuda":
         return [0.0]  # NCCL runs on the GPU's copy engines and SMs of its own stream: not the host's cores
-    a = torch.randn(192, 192)
-    numel = min(max(int((collective_s - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1), 16 << 20)
-    buffer = torch.ones(numel, dtype=torch.float32)
-    samples = []
+    if work is None:
+        a = torch.randn(192, 192)
+        work = lambda: a @ a  # noqa: E731
+
+    def slowest(value: float) -> float:
+        agreed = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=process_group)
+        return float(agreed.item())
+
+    def timed(k: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(k):
+            work()
+        return time.perf_counter() - t0
+
+    work()  # warm-up
+    k = max(1, math.ceil(0.3 / max(slowest(statistics.median(timed(1) for _ in range(3))), 1e-9)))
+    buffers = _interference_buffers(cluster, max(collective_s, 2 * slowest(timed(k))))
+    samples, early = [], []
     for _ in range(num_samples):
         dist.barrier(group=process_group)
-        units, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 0.3:
-            a @ a
-            units += 1
-        alone = units / (time.perf_counter() - t0)
+        alone = timed(k)
         dist.barrier(group=process_group)
-        work = dist.all_reduce(buffer, group=process_group, async_op=True)
-        units, t0 = 0, time.perf_counter()
-        while not work.is_completed():
-            a @ a
-            units += 1
-        during = units / (time.perf_counter() - t0)
-        work.wait()
-        sample = torch.tensor([max(alone / max(during, 1e-9) - 1.0, 0.0)], dtype=torch.float64)
-        dist.all_reduce(sample, op=dist.ReduceOp.MAX, group=process_group)
-        samples.append(float(sample.item()))
-    return samples
+        works = [dist.all_reduce(b, group=process_group, async_op=True) for b in buffers]
+        during = timed(k)
+        ended = works[-1].is_completed()
+        for w in works:
+            w.wait()
+        samples.append(slowest(max(during / alone - 1.0, 0.0)))
+        early.append(slowest(float(ended)) > 0)
+    kept = [x for x, e in zip(samples, early) if not e]
+    if len(kept) < len(samples):
+        log.warning("calibrate: the collectives ended before the compute in %d of %d interference samples%s",
+                    len(samples) - len(kept), len(samples), "" if kept else " (all kept: none outlasted it)")
+    return kept or samples
+
+
+def _interference_buffers(cluster: Cluster, seconds: float) -> list[Any]:
+    """float32 buffers whose all-reduces (the cluster's model, issued at once) last about ``seconds``:
+    64 MiB each, four at most."""
+    import torch
+
+    numel = max(int((seconds - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1)
+    chunk = min(numel, 16 << 20)
+    return [torch.ones(chunk, dtype=torch.float32) for _ in range(min(math.ceil(numel / chunk), 4))]
 
 
 def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", force: bool = False,
-                            **sweep: Any) -> Calibration:
-    """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``.
+                            model: tuple[str, Callable[[], Any]] | None = None, **sweep: Any) -> Calibration:
+    """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``; ``model``: its name
+    and one forward and backward of it, the compute whose interference step 4 measures.
 
     Raises:
         SchedoptError: one rank, or fewer than two sizes measured within the time limit.
@@ -221,7 +249,8 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     sizes = [m.nbytes for m in measurements]
     times = [m.median_s for m in measurements]
     quality = fit_quality(cluster, sizes, times)
-    interference = measure_interference(cluster, process_group=process_group)
+    interference = measure_interference(cluster, process_group=process_group, work=model[1] if model else None,
+                                        num_samples=9 if model else 15)
     backend = str(dist.get_backend(process_group))
     shard_costs = {}
     for kind in ("all-gather", "reduce-scatter"):  # step 5
@@ -233,7 +262,8 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     cluster = replace(cluster, interference=round(statistics.median(interference), 3),
                       backend="gloo" if backend == "gloo" else "nccl", shard_costs=shard_costs or None)
     return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
-                       backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference))
+                       backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference),
+                       interference_of=model[0] if model else "matmul")
 
 
 def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algorithm: str, name: str,

@@ -399,9 +399,17 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     check_rendezvous_env(what="schedopt calibrate (it measures the real process group)")
     from .runtime.calibrate import calibrate_launched
 
+    model = None
+    if args.model:  # the compute whose interference is measured: the model that will train
+        if model_kind(args.model) != "factory":
+            raise SchedoptError(f"calibrate --model runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
+        from .importers import load_factory
+
+        spec = load_factory(args.model, batch_size=args.batch_size)
+        model = (spec.name, spec.forward_backward())
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
                                 max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,
-                                algorithm=args.algorithm, force=args.force)
+                                algorithm=args.algorithm, force=args.force, model=model)
     if result is None:  # not rank 0
         return 0
     result.cluster.save(args.output, calibration=result.to_json())
@@ -410,7 +418,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
               f"(model {format_duration(result.cluster.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
     q = result.quality
     print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
-          f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)} -> {args.output}")
+          f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)}; interference measured on "
+          f"{result.interference_of} -> {args.output}")
     return 0
 
 
@@ -665,6 +674,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl with CUDA, else gloo")
     p.add_argument("--force", action="store_true",
                    help="write the fit even when it misses a size from 1 MiB up by more than 50%% (a warning)")
+    p.add_argument("--model", help="file.py:factory: measure how much slower this model's forward and backward run "
+                                   "beside the collectives (default: a matmul stands in for it)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
     p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("inspect", help="show what a plan holds")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .models_path import example_models, example_train
+from .models_path import MODELS_FILE, example_models, example_train
 
 
 class FrozenStem(nn.Module):
@@ -233,6 +233,20 @@ def calibrate_small(rank: int, world: int) -> dict[str, Any]:
     result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20, force=True)
     return {"cluster": result.cluster, "quality": result.quality,
             "sizes": [m.nbytes for m in result.measurements], "json": result.to_json()}
+
+
+def calibrate_with_model(rank: int, world: int) -> dict[str, Any]:
+    """A short sweep whose interference is measured on the tiny CNN's forward and backward."""
+    from schedopt.importers import load_factory
+    from schedopt.runtime.calibrate import calibrate_process_group
+
+    spec = load_factory(f"{MODELS_FILE}:tiny_cnn")
+    calls = []
+    step = spec.forward_backward()
+    result = calibrate_process_group(min_bytes=256 << 10, max_bytes=4 << 20, time_limit_s=10, force=True,
+                                     model=(spec.name, lambda: calls.append(step())))
+    return {"json": result.to_json(), "interference": result.cluster.interference, "calls": len(calls),
+            "grads": all(p.grad is not None for p in spec.model.parameters())}
 
 
 def backward_twice(rank: int, world: int, plan) -> str:

@@ -37,6 +37,24 @@ def test_calibrate_fits_a_cluster_on_real_gloo_ranks(tmp_path):
     assert all(fixed >= 0 and per_byte > 0 for _, fixed, per_byte in cluster.shard_costs)
 
 
+def test_calibrate_measures_interference_on_the_model_it_is_given():
+    results = run_ranks(workers.calibrate_with_model, 2)
+    first = results[0]
+    assert first["json"]["interference_of"] == "tiny_cnn" and first["grads"]
+    # warm-up, three alone, one for k, and per kept sample k alone and k during (k >= 1)
+    assert first["calls"] >= 5 + 2 * len(first["json"]["interference_samples"])
+    assert 1 <= len(first["json"]["interference_samples"]) <= 9
+    assert all(r["interference"] == first["interference"] >= 0 for r in results)  # the slowest rank's, on every rank
+
+
+def test_calibrate_refuses_a_model_it_cannot_run_in_one_line(capsys, monkeypatch):
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)
+    assert main(["calibrate", "--model", "model.onnx", "-o", "c.json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs path/to/file.py:factory" in err
+
+
 def test_calibrate_outside_torchrun_says_how_to_run_it(capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     assert main(["calibrate", "-o", "c.json"]) == 2
