@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
@@ -162,8 +163,8 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
            backward) or, without it, a 192 x 192 matmul on one thread's worth of work. Its time
            alone is the slowest rank's median of three; ``k`` units take 0.3 s or more.
         2. Per sample, every rank at once (as they train): ``k`` units alone, timed; then ``k``
-           units while all-reduces sized from ``cluster`` to last twice that long (``collective_s``
-           at least, 256 MiB at most) are in flight, timed.
+           units while a thread sends all-reduces of up to 64 MiB one after another, as many as the
+           cluster says last twice that long (``collective_s`` at least), timed.
         3. A sample is ``time during / time alone - 1``, the slowest rank's. One whose collectives
            ended before the units did (part of them ran uncontended) is left out, unless all are.
 
@@ -195,17 +196,18 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
 
     work()  # warm-up
     k = max(1, math.ceil(0.3 / max(slowest(statistics.median(timed(1) for _ in range(3))), 1e-9)))
-    buffers = _interference_buffers(cluster, max(collective_s, 2 * slowest(timed(k))))
+    buffer, count = _interference_load(cluster, max(collective_s, 2 * slowest(timed(k))))
     samples, early = [], []
     for _ in range(num_samples):
         dist.barrier(group=process_group)
         alone = timed(k)
         dist.barrier(group=process_group)
-        works = [dist.all_reduce(b, group=process_group, async_op=True) for b in buffers]
+        sender = threading.Thread(target=lambda: [dist.all_reduce(buffer, group=process_group) for _ in range(count)],
+                                  name="schedopt-calibrate-load", daemon=True)
+        sender.start()
         during = timed(k)
-        ended = works[-1].is_completed()
-        for w in works:
-            w.wait()
+        ended = not sender.is_alive()
+        sender.join()
         samples.append(slowest(max(during / alone - 1.0, 0.0)))
         early.append(slowest(float(ended)) > 0)
     kept = [x for x, e in zip(samples, early) if not e]
@@ -215,14 +217,14 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     return kept or samples
 
 
-def _interference_buffers(cluster: Cluster, seconds: float) -> list[Any]:
-    """float32 buffers whose all-reduces (the cluster's model, issued at once) last about ``seconds``:
-    64 MiB each, four at most."""
+def _interference_load(cluster: Cluster, seconds: float) -> tuple[Any, int]:
+    """A float32 buffer of up to 64 MiB, and how many all-reduces of it, one after another, last about
+    ``seconds`` on ``cluster``."""
     import torch
 
     numel = max(int((seconds - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1)
     chunk = min(numel, 16 << 20)
-    return [torch.ones(chunk, dtype=torch.float32) for _ in range(min(math.ceil(numel / chunk), 4))]
+    return torch.ones(chunk, dtype=torch.float32), math.ceil(numel / chunk)
 
 
 def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", force: bool = False,
