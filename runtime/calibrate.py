@@ -155,7 +155,7 @@ def _collective(kind: str, nbytes: int, device: Any, process_group: Any):
 
 
 def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 15,
-                         collective_s: float = 0.5, work: Callable[[], Any] | None = None) -> list[float]:
+                         work: Callable[[], Any] | None = None) -> list[float]:
     """Return samples of how much slower compute runs while all-reduces are in flight.
 
     Steps:
@@ -163,10 +163,9 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
            backward) or, without it, a 192 x 192 matmul on one thread's worth of work. Its time
            alone is the slowest rank's median of three; ``k`` units take 0.3 s or more.
         2. Per sample, every rank at once (as they train): ``k`` units alone, timed; then ``k``
-           units while a thread sends all-reduces of up to 64 MiB one after another, as many as the
-           cluster says last twice that long (``collective_s`` at least), timed.
-        3. A sample is ``time during / time alone - 1``, the slowest rank's. One whose collectives
-           ended before the units did (part of them ran uncontended) is left out, unless all are.
+           units while a thread sends all-reduces one after another until every rank's units are
+           done (:class:`_Load`), timed.
+        3. A sample is ``time during / time alone - 1``, the slowest rank's.
 
     The cluster keeps the median. The matmul is a stand-in: on the two-core testbed it read 11-32%
     from one calibration to the next, while ResNet-18's and the tied GPT's own steps ran 20-25% slower
@@ -176,8 +175,7 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     import torch
     import torch.distributed as dist
 
-    device = _device(process_group)
-    if device.type == "cuda":
+    if _device(process_group).type == "cuda":
         return [0.0]  # NCCL runs on the GPU's copy engines and SMs of its own stream: not the host's cores
     if work is None:
         a = torch.randn(192, 192)
@@ -196,35 +194,60 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
 
     work()  # warm-up
     k = max(1, math.ceil(0.3 / max(slowest(statistics.median(timed(1) for _ in range(3))), 1e-9)))
-    buffer, count = _interference_load(cluster, max(collective_s, 2 * slowest(timed(k))))
-    samples, early = [], []
+    load = _Load(cluster, slowest(timed(k)), process_group)
+    samples = []
     for _ in range(num_samples):
         dist.barrier(group=process_group)
         alone = timed(k)
         dist.barrier(group=process_group)
-        sender = threading.Thread(target=lambda: [dist.all_reduce(buffer, group=process_group) for _ in range(count)],
-                                  name="schedopt-calibrate-load", daemon=True)
-        sender.start()
-        during = timed(k)
-        ended = not sender.is_alive()
-        sender.join()
+        with load:
+            during = timed(k)
         samples.append(slowest(max(during / alone - 1.0, 0.0)))
-        early.append(slowest(float(ended)) > 0)
-    kept = [x for x, e in zip(samples, early) if not e]
-    if len(kept) < len(samples):
-        log.warning("calibrate: the collectives ended before the compute in %d of %d interference samples%s",
-                    len(samples) - len(kept), len(samples), "" if kept else " (all kept: none outlasted it)")
-    return kept or samples
+    return samples
 
 
-def _interference_load(cluster: Cluster, seconds: float) -> tuple[Any, int]:
-    """A float32 buffer of up to 64 MiB, and how many all-reduces of it, one after another, last about
-    ``seconds`` on ``cluster``."""
-    import torch
+class _Load:
+    """All-reduces sent one after another from a thread while the ranks compute (``with``).
 
-    numel = max(int((seconds - cluster.fixed_s) / cluster.seconds_per_byte / 4), 1)
-    chunk = min(numel, 16 << 20)
-    return torch.ones(chunk, dtype=torch.float32), math.ceil(numel / chunk)
+    Each call's first element carries whether this rank still computes, so every rank learns at once
+    that all are done and sends no more (the same number of calls everywhere, at most one after the
+    last rank's compute). Each call lasts about an eighth of ``compute_s`` on ``cluster``, from 1 to
+    64 MiB. An error in the thread is raised when the block ends.
+    """
+
+    def __init__(self, cluster: Cluster, compute_s: float, process_group: Any) -> None:
+        import torch
+
+        nbytes = (compute_s / 8 - cluster.fixed_s) / cluster.seconds_per_byte
+        self.buffer = torch.zeros(int(min(max(nbytes, 1 << 20), 64 << 20)) // 4, dtype=torch.float32)
+        self.group, self.computing = process_group, threading.Event()
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def _send(self) -> None:
+        import torch.distributed as dist
+
+        try:
+            while True:
+                self.buffer[0] = 1.0 if self.computing.is_set() else 0.0
+                dist.all_reduce(self.buffer, group=self.group)
+                if float(self.buffer[0]) == 0.0:  # the number of ranks still computing
+                    return
+        except BaseException as exc:  # raised in the caller's thread by __exit__
+            self.error = exc
+
+    def __enter__(self) -> _Load:
+        self.computing.set()
+        self.thread = threading.Thread(target=self._send, name="schedopt-calibrate-load", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.computing.clear()
+        assert self.thread is not None
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", force: bool = False,
