@@ -374,12 +374,12 @@ def headline_rows() -> list[list[str]]:
         ["the engine's op order against a free one (simulated, best plan each)",
          f"at most {max(ratios) - 1:.1%} slower, median {statistics.median(ratios) - 1:.1%}",
          "`execution_value.json`"],
-        _testbed_headline("ResNet-18, overlap, 2 ranks at the balanced rate, 724 Mbit/s (measured; predicted from the "
+        _testbed_headline("ResNet-18, overlap, 2 ranks at the balanced rate, 734 Mbit/s (measured; predicted from the "
                           "profile on every rank, interference measured on the model)",
-                          "testbed_resnet18_balanced_model_run2", "overlap"),
-        _testbed_headline("gpt_tied, osp, 2 ranks at the balanced rate, 272 Mbit/s (measured)",
-                          "testbed_gpt_tied_balanced_model_run2", "osp"),
-        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_balanced_model_run2", "osp",
+                          "testbed_resnet18_balanced_model_run3", "overlap"),
+        _testbed_headline("gpt_tied, osp, 2 ranks at the balanced rate, 337 Mbit/s (measured)",
+                          "testbed_gpt_tied_balanced_model_run3", "osp"),
+        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_balanced_model_run3", "osp",
                           "overlap"),
         _testbed_headline("ResNet-18, compiled runtime with a free-order plan, over torch.compile + DDP (measured)",
                           "testbed_resnet18_550mbit_compiled_order", "compiled", "compiled-ddp"),
