@@ -243,7 +243,7 @@ def calibrate_with_model(rank: int, world: int) -> dict[str, Any]:
     spec = load_factory(f"{MODELS_FILE}:tiny_cnn")
     calls = []
     step = spec.forward_backward()
-    result = calibrate_process_group(min_bytes=256 << 10, max_bytes=4 << 20, time_limit_s=10, force=True,
+    result = calibrate_process_group(min_bytes=256 << 10, max_bytes=16 << 20, time_limit_s=10, force=True,
                                      model=(spec.name, lambda: calls.append(step())))
     return {"json": result.to_json(), "interference": result.cluster.interference, "calls": len(calls),
             "grads": all(p.grad is not None for p in spec.model.parameters())}

@@ -89,3 +89,11 @@ def test_a_line_that_still_falls_after_measuring_again_is_refused(monkeypatch):
     tilted = [*line[:4], line[5] * 1.5, line[5]]
     with pytest.raises(SchedoptError, match="does not grow with size"):
         _fit(_sweep(tilted), dict(zip(sizes, tilted)), monkeypatch)
+
+
+def test_a_flat_sweep_is_not_a_petabyte_link():
+    """CI measured 1 and 4 MiB alike on localhost: a slope within the noise is no bandwidth at all."""
+    from schedopt.cluster import calibrate
+
+    with pytest.raises(SchedoptError, match="does not grow with size"):
+        calibrate([MIB, 4 * MIB], [1e-3, 1e-3 + 1e-12], world_size=2)
