@@ -345,13 +345,14 @@ def run(args, link: Link, modes: list[str], work: Path, *, deadline: float) -> l
 
     batch = ["--batch-size", str(args.batch_size)] if args.batch_size else []
     graph_file = work / "graph.json"
+    model = ["--model", args.model, *batch]  # calibrate measures the interference on the model's steps
     if args.rate == BALANCED:  # 3 before 2: the rate comes from the compute
         profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))
         graph = TrainGraph.load(graph_file)
-        cluster, fit = balance(link, graph, work, left, ["--model", args.model, *batch])
+        cluster, fit = balance(link, graph, work, left, model)
     else:
         link.open()
-        cluster, fit = calibrate_link(link, work, left, ["--model", args.model, *batch])  # 2
+        cluster, fit = calibrate_link(link, work, left, model)  # 2
         profile_both(args.model, graph_file, batch=batch, timeout_s=min(600, left()))  # 3
         graph = TrainGraph.load(graph_file)
     plan_of = plan_modes(args, modes, work, cluster, graph_file, left)  # 4

@@ -167,10 +167,9 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
            done (:class:`_Load`), timed.
         3. A sample is ``time during / time alone - 1``, the slowest rank's.
 
-    The cluster keeps the median. The matmul is a stand-in: on the two-core testbed it read 11-32%
-    from one calibration to the next, while ResNet-18's and the tied GPT's own steps ran 20-25% slower
-    beside gloo's collectives than that predicted (their kept runs are fitted best at 40-60%), so
-    ``--model`` measures the model that will train.
+    The cluster keeps the median. The matmul is a stand-in: on the two-core testbed it read 27-32%
+    beside ResNet-18's runs and 13% beside gpt_tied's, whose kept runs are predicted best at 40-60% and
+    about 40%; the models' own steps (``--model``) read 28-43% and 15-27% over three calibrations each.
     """
     import torch
     import torch.distributed as dist
@@ -304,16 +303,15 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
         return misfits(cluster, [m.nbytes for m in ms], [m.median_s for m in ms], from_bytes=PLAN_SIZES_FROM,
                        tolerance=tolerance)
 
+    plan_sizes = {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
+    cluster: Cluster | None = None
     try:
         cluster = fit(measurements)
-    except SchedoptError:  # one slow size among the few plans issue can tilt the line down: measure them again
-        cluster = None
-    if cluster is None:
-        again = {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
-    else:
         again = {m.nbytes for m in measurements if m.median_s > (1 + MISFIT) * cluster.allreduce_s(m.nbytes)}
         if missed(cluster, measurements, MISFIT):  # which plan size is off, no fit can say: all of them
-            again |= {m.nbytes for m in measurements if m.nbytes >= PLAN_SIZES_FROM}
+            again |= plan_sizes
+    except SchedoptError:  # one slow size among the few plans issue can tilt the line flat or down
+        again = plan_sizes
     if again:
         options = {k: v for k, v in sweep.items() if k in ("min_repeats", "max_repeats")}
         remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=sorted(again),

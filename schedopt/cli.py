@@ -211,17 +211,24 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_profile(args: argparse.Namespace) -> int:
+def _runnable(args: argparse.Namespace, what: str) -> Any:
+    """The factory ``args.model`` names, called (``args.batch_size``): ``what`` runs the model, so an ONNX
+    file or a graph JSON is refused."""
     if model_kind(args.model) != "factory":
-        raise SchedoptError(f"profile runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
+        raise SchedoptError(f"{what} runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
+    from .importers import load_factory
+
+    return load_factory(args.model, batch_size=args.batch_size)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
     import os
 
-    from .importers import load_factory
     from .importers.profile import on_device, profile_launched, profile_torch
 
+    spec = _runnable(args, "profile")
     launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ  # under torchrun: every rank profiles at once
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if args.on == "cuda" and launched else args.on
-    spec = load_factory(args.model, batch_size=args.batch_size)
     model, inputs = on_device(spec.model, spec.example_inputs, device)
     if launched:
         done = profile_launched(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations)
@@ -401,11 +408,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     model = None
     if args.model:  # the compute whose interference is measured: the model that will train
-        if model_kind(args.model) != "factory":
-            raise SchedoptError(f"calibrate --model runs the model, so it needs path/to/file.py:factory, got {args.model!r}")
-        from .importers import load_factory
-
-        spec = load_factory(args.model, batch_size=args.batch_size)
+        spec = _runnable(args, "calibrate --model")
         model = (spec.name, spec.forward_backward())
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
                                 max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,

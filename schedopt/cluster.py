@@ -299,10 +299,10 @@ def calibrate(
     intercept, slope = _relative_l1_fit(sizes[use], times[use])
     if intercept < times.min():  # no call costs less than the fastest measured: the slope for that intercept
         intercept, slope = _relative_l1_fit(sizes[use], times[use], intercept=float(times.min()))
-    if slope <= 0 or 2.0 * (world_size - 1) / world_size / slope > MAX_BANDWIDTH_BPS:  # flat within the noise
+    bandwidth_Bps = 2.0 * (world_size - 1) / world_size / slope if slope > 0 else math.inf
+    if bandwidth_Bps > MAX_BANDWIDTH_BPS:  # falling, or flat within the noise
         raise SchedoptError(f"calibrate: time does not grow with size (slope {slope:.3g} s/B)")
     probe = Cluster(world_size=world_size, bandwidth_Bps=1e9, algorithm=algorithm)  # for its latency steps
-    bandwidth_Bps = 2.0 * (world_size - 1) / world_size / slope
     latency_s = intercept / probe.num_latency_steps
     return Cluster(
         world_size=world_size,
