@@ -8,7 +8,8 @@ Read in the order of the OR-Tools samples:
 - model and constraints: :mod:`.buckets` (the candidate buckets both models
   share), :mod:`.barrier` (one step to the last collective), :mod:`.overlap`
   (one cyclic steady-state period); their constant bounds are in
-  :mod:`..bounds`;
+  :mod:`..bounds`, and :mod:`.relaxation` (overlap, few calls) bisects a
+  channel-and-closure relaxation for a stronger bound and a plan;
 - hint: :mod:`.warm` (heuristics, the exact contiguous bucketing, the overlap
   bucket search), checked against the model before CP-SAT sees it;
 - solve and read back: :mod:`.solve` (two phases, the plan, and
@@ -31,7 +32,8 @@ hold for every bucketing.
 Time: each heuristic's own search gets 10% of the limit (only Caramel's
 chunk trials take long), the overlap bucket search 50% (its two starts in
 parallel processes when ``num_workers >= 2``), the barrier work profile at
-most 5% (5 s), CP-SAT what is left; every phase gets at most what is left,
+most 5% (5 s), the overlap relaxation 60% of what is left after the constant
+bounds, CP-SAT what is left; every phase gets at most what is left,
 so the call ends within the limit plus about 2 s. An overlap model of more
 than ``overlap_max_pairs`` (unit, bucket) pairs is not solved (CP-SAT's
 first propagation of it overruns the limit): the warm start is returned with

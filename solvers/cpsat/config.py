@@ -44,6 +44,11 @@ class CpsatOptions:
     #: Overlap mode: the share of the time left after the warm start that the optional constant bounds
     #: (the coupled channel bound, the anchor bound) may take.
     bounds_share: float = 0.5
+    #: Overlap mode: the closure relaxation (:mod:`.relaxation`) runs where at most this many calls
+    #: can beat the warm start (ResNet-50 and Inception on 64 x 100 GbE: 4 and 5; GPT-2 small there:
+    #: 35, where 60 s raised nothing), for this share of the time left after the constant bounds.
+    relaxation_max_calls: int = 12
+    relaxation_share: float = 0.6
     #: Overlap mode: the search moves on from a local optimum up to this much worse than the one it left.
     search_accept_worse: float = 0.003
     #: Overlap mode: a kick is this many random moves (least, most). Inception on 64 x 100 GbE, 150k

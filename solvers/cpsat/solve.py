@@ -30,6 +30,7 @@ from .deadline import MIN_PHASE_S, Deadline
 from .overlap import OverlapModel, overlap_units
 from .phases import overlap_ops, split_prefix
 from .recheck import on_ranks
+from .relaxation import Relaxation, max_calls, order_of, relax
 from .sharded import ShardedOptions, solve_sharded
 from .warm import warm_starts
 
@@ -146,6 +147,7 @@ class _Solve:
             model = OverlapModel(problem, forward, backward, self.tick_s, self.B, options, until=until)
             if model.skipped:
                 self.stats["bounds_skipped"] = f"{' and '.join(model.skipped)} (out of time)"
+            self.relax(model)
             if len(model.units) * self.B > options.overlap_max_pairs:
                 self.stats.update(num_coarse_ops=len(model.coarse.chains), num_units=len(model.units),
                                   num_buckets=self.B)
@@ -158,6 +160,45 @@ class _Solve:
             model.fix_order(list(self.hint_plan.order))
         self.stats.update(_model_size(model, self.B))
         return model
+
+    def relax(self, model: OverlapModel) -> None:
+        """The closure relaxation (:mod:`.relaxation`) where few calls can beat the warm start: its
+        bound joins the model's constant bound, its solution (as a plan) the warm starts."""
+        options, stats = self.options, self.stats
+        upper = int(self.hint_s / self.tick_s)
+        calls = max_calls(model.items, model.A, upper)
+        if not model.items or calls > options.relaxation_max_calls:
+            stats["relaxation"] = f"skipped: up to {calls} calls could beat the warm start"
+            return
+        result = relax(model.items, model.dur, model.coarse.edges, model.A, upper,
+                       options.relaxation_share * self.deadline.left(),
+                       num_workers=options.num_workers, seed=options.seed, floor=model.static_bound)
+        stats.update(relaxation=result.status, relaxation_bound_s=self.seconds(result.bound))
+        model.static_bound = max(model.static_bound, result.bound)
+        if result.calls is None or not self.problem.reorders:  # eager: the engine's order stays
+            return
+        plan = self.relaxed_plan(model, result)
+        plan_s = stats["relaxation_plan_s"] = simulate(self.problem, plan).iteration_s
+        self.candidates.append((plan_s, plan))
+        needed = len(set(unit_buckets(model.units, [list(b.params) for b in plan.buckets])))
+        if plan_s < self.hint_s and needed <= (options.max_buckets or needed):
+            # the new hint; the model gets candidate buckets for it (it reads B when it is built)
+            self.hint_s, self.hint_plan = plan_s, plan
+            self.B = model.B = max(self.B, min(needed + 2, len(model.units)))
+            stats["warm_start"] = "relaxation"
+
+    def relaxed_plan(self, model: OverlapModel, result: Relaxation) -> Plan:
+        """A relaxation's solution as a plan: the backward ops by the call that first needs them, the
+        calls as buckets (each in gradient-ready order)."""
+        graph = self.problem.graph
+        names = [n for unit in model.units for n in unit]  # model.items' parameters, in order
+        position = {o: k for k, o in enumerate(self.hint_plan.order)}
+        free = order_of(result.level, model.coarse.chains, model.coarse.edges, position)
+        placed = set(model.head) | set(free)
+        order = model.head + free + [o for o in self.hint_plan.order if o not in placed]  # the optimizer
+        ready = {o: k for k, o in enumerate(order)}
+        buckets = [sorted((names[i] for i in c), key=lambda n: ready[graph.params[n].grad_op]) for c in result.calls]
+        return Plan.for_problem(self.problem, order=order, buckets=buckets, solver=SolverInfo(name="relaxation"))
 
     def check_max_buckets(self, units: list[list[str]], hint_buckets: list[list[str]]) -> None:
         needed = len(set(unit_buckets(units, hint_buckets)))
