@@ -37,7 +37,8 @@ def test_cpsat_runs_it_where_few_calls_can_beat_the_warm_start():
     plan = get("cpsat")(problem, time_limit_s=8, num_workers=2)
     stats = plan.solver.stats
     assert not stats["relaxation"].startswith("skipped"), stats["relaxation"]
-    # it raised the bound (the constant bounds stop at 980.8k ticks, it proved 995.2k) and cpsat reports it
+    # its bound is cpsat's (alone on this machine it raised the constant bounds' 980.8k ticks to 995.2k;
+    # the raise itself is checked on the hand example above, where it does not depend on the load)
     assert stats["relaxation_bound_s"] <= plan.solver.bound_s + 1e-12 <= plan.predicted.iteration_s + 1e-9
     assert plan.solver.bound_s == stats["relaxation_bound_s"]
     if "relaxation_plan_s" in stats:  # a solution found: a candidate, never better than what cpsat returns
