@@ -15,8 +15,10 @@ def test_a_call_waits_for_the_work_of_every_gradient_it_carries():
     second is ready at 20: one call ends at 31, two at 16 and 20 + 1 + 5 = 26."""
     items = [(0, 10, 0, 5), (1, 10, 0, 5)]
     assert channel_bound([10, 10], [0, 0], [5, 5], 1) <= 21
-    result = relax(items, [10, 10], set(), 1, upper=100, seconds=10, num_workers=1)
+    raised: list[int] = []
+    result = relax(items, [10, 10], set(), 1, upper=100, seconds=10, num_workers=1, on_step=raised.append)
     assert result.bound == 26 and result.status == "closed"
+    assert raised[-1] == 26 and raised == sorted(raised)  # each step that raised it was reported
     assert sorted(map(tuple, result.calls)) == [(0,), (1,)]
     assert sorted(result.level) == [0, 1]  # one op by the first call, the other by the second
 

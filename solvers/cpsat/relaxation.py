@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import networkx as nx
 
@@ -58,10 +59,11 @@ def max_calls(items: list[tuple[int, int, int, int]], call: int, upper: int) -> 
 
 def relax(items: list[tuple[int, int, int, int]], op_ticks: list[int], edges: set[tuple[int, int]],
           call: int, upper: int, seconds: float, *, num_workers: int = 2, seed: int = 0,
-          floor: int = 0) -> Relaxation:
+          floor: int = 0, on_step: Callable[[int], None] | None = None) -> Relaxation:
     """Bisect the relaxation's optimum for ``seconds``. ``items``: per parameter ``(coarse op,
     release, tail, transfer)``; ``op_ticks``, ``edges``: the coarse backward ops and their DAG;
-    ``upper``: a known period (the warm start's); ``floor``: a bound already known.
+    ``upper``: a known period (the warm start's); ``floor``: a bound already known; ``on_step``
+    is called with the bound after each step that raises it.
 
     Each step asks CP-SAT for a solution with ``T <= mid``: none (proven) raises the bound to
     ``mid + 1``, one lowers the top to its ``T`` and is kept; a step that runs out of time ends the
@@ -76,6 +78,8 @@ def relax(items: list[tuple[int, int, int, int]], op_ticks: list[int], edges: se
         found, status = _solve(items, op_ticks, edges, call, K, mid, upper, left, num_workers, seed)
         if status == "INFEASIBLE":
             low = mid + 1
+            if on_step is not None:
+                on_step(low)
         elif found is None:
             break
         else:

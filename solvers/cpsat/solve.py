@@ -172,7 +172,8 @@ class _Solve:
             return
         result = relax(model.items, model.dur, model.coarse.edges, model.A, upper,
                        options.relaxation_share * self.deadline.left(),
-                       num_workers=options.num_workers, seed=options.seed, floor=model.static_bound)
+                       num_workers=options.num_workers, seed=options.seed, floor=model.static_bound,
+                       on_step=self.report_bound)
         stats.update(relaxation=result.status, relaxation_bound_s=self.seconds(result.bound))
         model.static_bound = max(model.static_bound, result.bound)
         if result.calls is None or not self.problem.reorders:  # eager: the engine's order stays
@@ -186,6 +187,12 @@ class _Solve:
             self.hint_s, self.hint_plan = plan_s, plan
             self.B = model.B = max(self.B, min(needed + 2, len(model.units)))
             stats["warm_start"] = "relaxation"
+
+    def report_bound(self, bound: int) -> None:
+        """A bound proven before CP-SAT's phases, reported against the best plan so far."""
+        if self.on_progress is not None:
+            self.on_progress(CpsatProgress(wall_s=self.deadline.elapsed(), objective_s=self.hint_s,
+                                           bound_s=min(self.seconds(bound), self.hint_s)))
 
     def relaxed_plan(self, model: OverlapModel, result: Relaxation) -> Plan:
         """A relaxation's solution as a plan: the backward ops by the call that first needs them, the
