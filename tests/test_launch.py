@@ -41,7 +41,7 @@ def test_calibrate_measures_interference_on_the_model_it_is_given():
     results = run_ranks(workers.calibrate_with_model, 2)
     first = results[0]
     assert first["json"]["interference_of"] == "tiny_cnn" and first["grads"]
-    # warm-up, three alone, one for k, and per kept sample k alone and k during (k >= 1)
+    # warm-up, three alone, one for k, and per sample k alone and k during (k >= 1)
     assert first["calls"] >= 5 + 2 * len(first["json"]["interference_samples"])
     assert len(first["json"]["interference_samples"]) == 9
     assert all(r["interference"] == first["interference"] >= 0 for r in results)  # the slowest rank's, on every rank

@@ -58,10 +58,17 @@ class BucketVars:
         """Read a solution: the fixed head, the free ops by start time, the optimizer; then the buckets."""
         rank = getattr(self, "fixed_rank", range(len(self.coarse.chains)))
         chain_order = sorted(range(len(self.coarse.chains)), key=lambda i: (solver.Value(self.start[i]), rank[i]))
-        free = [o for i in chain_order for o in self.coarse.chains[i]]
-        optimizer = [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
-        order = self.head + free + optimizer
+        order = self.full_order([o for i in chain_order for o in self.coarse.chains[i]])
         return order, self.read_buckets(solver, order)
+
+    def full_order(self, free: list[str]) -> list[str]:
+        """The plan's op order with the free ops in ``free``'s order: the fixed head, them, the optimizer."""
+        return self.head + free + [o for o in self.graph.ops if self.graph.ops[o].phase == "optimizer"]
+
+    def in_ready_order(self, names: list[str], order: list[str]) -> list[str]:
+        """A bucket's parameters in the order ``order`` readies their gradients."""
+        position = {o: k for k, o in enumerate(order)}
+        return sorted(names, key=lambda n: position[self.graph.params[n].grad_op])
 
     def fix_order(self, order: list[str]) -> None:
         """Run the free ops' chains in ``order`` (``eager`` execution: the engine's order is given)."""
@@ -73,12 +80,11 @@ class BucketVars:
 
     def read_buckets(self, solver, order: list[str]) -> list[list[str]]:
         """The used buckets of a solution, each in gradient-ready order under ``order``."""
-        position = {o: k for k, o in enumerate(order)}
         buckets = []
         for b in range(self.B):
             members = [n for u, unit in enumerate(self.units) if solver.Value(self.x[u, b]) for n in unit]
             if members:
-                buckets.append(sorted(members, key=lambda n: position[self.graph.params[n].grad_op]))
+                buckets.append(self.in_ready_order(members, order))
         return buckets
 
 

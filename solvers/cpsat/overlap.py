@@ -74,6 +74,7 @@ class OverlapModel(BucketVars):
         # H[j]: the least work from forward op j's start to the end of any gradient (for the cycle cut)
         self.H = [int(round(h)) for h in W.min(axis=0)] + [0]
         self.items = self._items()
+        self.item_params = [n for unit in self.units for n in unit] if self.items else []  # one per item
         self.channel_bound = 0
         if self.items:
             _, release, tail, cost = (list(x) for x in zip(*self.items))

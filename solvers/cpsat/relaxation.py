@@ -34,7 +34,7 @@ import networkx as nx
 
 from ..interrupt import interruptible
 
-__all__ = ["Relaxation", "relax", "max_calls"]
+__all__ = ["Relaxation", "max_calls", "order_of", "relax"]
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,13 @@ def relax(items: list[tuple[int, int, int, int]], op_ticks: list[int], edges: se
     """
     deadline = time.perf_counter() + seconds
     K = max_calls(items, call, upper)
+    if K == 0:  # not even the calls' overheads and bytes fit under upper
+        return Relaxation(bound=upper, status="closed")
+    model = _Model(items, op_ticks, edges, call, K, horizon=2 * upper + sum(op_ticks) + 1)
     low, top, best, status = min(floor, upper), upper, None, "UNKNOWN"
-    while K and top - low > upper // 1000 and (left := deadline - time.perf_counter()) > 0.1:
+    while top - low > upper // 1000 and (left := deadline - time.perf_counter()) > 0.1:
         mid = (low + top) // 2
-        found, status = _solve(items, op_ticks, edges, call, K, mid, upper, left, num_workers, seed)
+        found, status = model.solve(mid, left, num_workers, seed)
         if status == "INFEASIBLE":
             low = mid + 1
             if on_step is not None:
@@ -84,74 +87,67 @@ def relax(items: list[tuple[int, int, int, int]], op_ticks: list[int], edges: se
         elif found is None:
             break
         else:
-            top, best = found[0], found
-    if K == 0:
-        low = upper  # not even the calls' overheads and bytes fit under upper
+            top, best = found.bound, found
     if top - low <= upper // 1000:
         status = "closed"
     if best is None:
-        return Relaxation(bound=min(low, upper), status=status)
-    return Relaxation(bound=min(low, upper), status=status, calls=best[1], level=best[2])
+        return Relaxation(bound=low, status=status)
+    return Relaxation(bound=low, status=status, calls=best.calls, level=best.level)
 
 
-def _solve(items, op_ticks, edges, call: int, K: int, target: int, upper: int, seconds: float,
-           num_workers: int, seed: int) -> tuple[tuple[int, list[list[int]], list[int]] | None, str]:
-    """One step: a solution with ``T <= target`` as ``(T, calls, level)``, or None; CP-SAT's status."""
-    from ortools.sat.python import cp_model
+class _Model:
+    """The relaxation as one CP-SAT model; each :meth:`solve` caps ``T`` anew."""
 
-    m = cp_model.CpModel()
-    horizon = 2 * upper + sum(op_ticks) + 1
-    x, used, z, start, T = _variables(m, items, op_ticks, K, horizon)
-    _constraints(m, items, op_ticks, edges, call, x, used, z, start, T, horizon)
-    m.Add(T <= target)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = seconds
-    solver.parameters.num_workers = num_workers
-    solver.parameters.random_seed = seed
-    with interruptible(solver):
-        status = solver.Solve(m)
-    name = solver.StatusName(status)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None, name
-    calls = [[i for i in range(len(items)) if solver.Value(x[i][k])] for k in range(K)]
-    level = [next((k for k in range(K) if solver.Value(z[v][k])), K) for v in range(len(op_ticks))]
-    return (solver.Value(T), [c for c in calls if c], level), name
+    def __init__(self, items, op_ticks, edges, call: int, K: int, *, horizon: int):
+        from ortools.sat.python import cp_model
 
-
-def _variables(m, items, op_ticks, K: int, horizon: int):
-    x = [[m.NewBoolVar(f"x[{i},{k}]") for k in range(K)] for i in range(len(items))]
-    used = [m.NewBoolVar(f"used[{k}]") for k in range(K)]
-    z = [[m.NewBoolVar(f"z[{v},{k}]") for k in range(K)] for v in range(len(op_ticks))]
-    start = [m.NewIntVar(0, horizon, f"start[{k}]") for k in range(K)]
-    T = m.NewIntVar(0, horizon, "T")
-    return x, used, z, start, T
-
-
-def _constraints(m, items, op_ticks, edges, call: int, x, used, z, start, T, horizon: int) -> None:
-    """Calls in order after their closures and releases; each parameter's tail after its call."""
-    K = len(used)
-    for k in range(1, K):
-        m.AddImplication(used[k], used[k - 1])  # used calls first
-    for row in z:
+        self.m = m = cp_model.CpModel()
+        self.K = K
+        self.x = [[m.NewBoolVar(f"x[{i},{k}]") for k in range(K)] for i in range(len(items))]
+        self.z = [[m.NewBoolVar(f"z[{v},{k}]") for k in range(K)] for v in range(len(op_ticks))]
+        self.T = m.NewIntVar(0, horizon, "T")
+        used = [m.NewBoolVar(f"used[{k}]") for k in range(K)]
+        start = [m.NewIntVar(0, horizon, f"start[{k}]") for k in range(K)]
+        end = [m.NewIntVar(0, horizon, f"end[{k}]") for k in range(K)]
+        x, z = self.x, self.z
         for k in range(1, K):
-            m.AddImplication(row[k - 1], row[k])  # nested
-    for a, b in edges:
-        for k in range(K):
-            m.AddImplication(z[b][k], z[a][k])  # closed under ancestors
-    for i, item in enumerate(items):
-        m.AddExactlyOne(x[i])
-        for k in range(K):
-            m.AddImplication(x[i][k], used[k])
-            m.AddImplication(x[i][k], z[item[0]][k])
-    end = [m.NewIntVar(0, horizon, f"end[{k}]") for k in range(K)]
-    for k in range(K):
-        m.Add(end[k] == start[k] + call * used[k] + sum(item[3] * x[i][k] for i, item in enumerate(items)))
-        m.Add(start[k] >= sum(d * z[v][k] for v, d in enumerate(op_ticks) if d))
-        if k:
+            m.AddImplication(used[k], used[k - 1])  # used calls first
             m.Add(start[k] >= end[k - 1])
-        for i, (_, release, tail, _) in enumerate(items):  # linear (no big M): releases and tails are >= 0
-            m.Add(start[k] >= release * x[i][k])
-            m.Add(T >= end[k] + tail * x[i][k])
+        for row in z:
+            for k in range(1, K):
+                m.AddImplication(row[k - 1], row[k])  # nested
+        for a, b in edges:
+            for k in range(K):
+                m.AddImplication(z[b][k], z[a][k])  # closed under ancestors
+        for i, (op, release, tail, _) in enumerate(items):
+            m.AddExactlyOne(x[i])
+            for k in range(K):
+                m.AddImplication(x[i][k], used[k])
+                m.AddImplication(x[i][k], z[op][k])
+                m.Add(start[k] >= release * x[i][k])  # linear (no big M): releases and tails are >= 0
+                m.Add(self.T >= end[k] + tail * x[i][k])
+        for k in range(K):
+            m.Add(end[k] == start[k] + call * used[k] + sum(item[3] * x[i][k] for i, item in enumerate(items)))
+            m.Add(start[k] >= sum(d * z[v][k] for v, d in enumerate(op_ticks) if d))
+
+    def solve(self, target: int, seconds: float, num_workers: int, seed: int) -> tuple[Relaxation | None, str]:
+        """A solution with ``T <= target`` (``bound``: its ``T``), or None; CP-SAT's status name."""
+        from ortools.sat.python import cp_model
+
+        self.m.Proto().variables[self.T.Index()].domain[1] = target
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = seconds
+        solver.parameters.num_workers = num_workers
+        solver.parameters.random_seed = seed
+        with interruptible(solver):
+            status = solver.Solve(self.m)
+        name = solver.StatusName(status)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None, name
+        K = self.K
+        calls = [[i for i, row in enumerate(self.x) if solver.Value(row[k])] for k in range(K)]
+        level = [next((k for k in range(K) if solver.Value(row[k])), K) for row in self.z]
+        return Relaxation(bound=solver.Value(self.T), status=name, calls=[c for c in calls if c], level=level), name
 
 
 def order_of(level: list[int], chains: list[list[str]], edges: set[tuple[int, int]],

@@ -165,7 +165,7 @@ class _Solve:
         """The closure relaxation (:mod:`.relaxation`) where few calls can beat the warm start: its
         bound joins the model's constant bound, its solution (as a plan) the warm starts."""
         options, stats = self.options, self.stats
-        upper = int(self.hint_s / self.tick_s)
+        upper = options.horizon_ticks  # the warm start's period, in ticks
         calls = max_calls(model.items, model.A, upper)
         if not model.items or calls > options.relaxation_max_calls:
             stats["relaxation"] = f"skipped: up to {calls} calls could beat the warm start"
@@ -182,7 +182,7 @@ class _Solve:
         plan_s = stats["relaxation_plan_s"] = simulate(self.problem, plan).iteration_s
         self.candidates.append((plan_s, plan))
         needed = len(set(unit_buckets(model.units, [list(b.params) for b in plan.buckets])))
-        if plan_s < self.hint_s and needed <= (options.max_buckets or needed):
+        if plan_s < self.hint_s and (options.max_buckets is None or needed <= options.max_buckets):
             # the new hint; the model gets candidate buckets for it (it reads B when it is built)
             self.hint_s, self.hint_plan = plan_s, plan
             self.B = model.B = max(self.B, min(needed + 2, len(model.units)))
@@ -196,15 +196,10 @@ class _Solve:
 
     def relaxed_plan(self, model: OverlapModel, result: Relaxation) -> Plan:
         """A relaxation's solution as a plan: the backward ops by the call that first needs them, the
-        calls as buckets (each in gradient-ready order)."""
-        graph = self.problem.graph
-        names = [n for unit in model.units for n in unit]  # model.items' parameters, in order
+        calls as buckets."""
         position = {o: k for k, o in enumerate(self.hint_plan.order)}
-        free = order_of(result.level, model.coarse.chains, model.coarse.edges, position)
-        placed = set(model.head) | set(free)
-        order = model.head + free + [o for o in self.hint_plan.order if o not in placed]  # the optimizer
-        ready = {o: k for k, o in enumerate(order)}
-        buckets = [sorted((names[i] for i in c), key=lambda n: ready[graph.params[n].grad_op]) for c in result.calls]
+        order = model.full_order(order_of(result.level, model.coarse.chains, model.coarse.edges, position))
+        buckets = [model.in_ready_order([model.item_params[i] for i in c], order) for c in result.calls]
         return Plan.for_problem(self.problem, order=order, buckets=buckets, solver=SolverInfo(name="relaxation"))
 
     def check_max_buckets(self, units: list[list[str]], hint_buckets: list[list[str]]) -> None:
