@@ -42,7 +42,7 @@ from .problem import Problem
 from .sharding import Geometry
 from .steady import Machine
 
-__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor"]
+__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
 
@@ -172,9 +172,10 @@ def peak_memory(graph: TrainGraph, plan: Plan) -> tuple[float, float, str]:
 
 
 def sharded_lower_bound(problem: Problem) -> float:
-    """A lower bound on the step of every sharded plan of ``problem`` (eager: the engine's order).
+    """A lower bound on the step of every sharded plan of ``problem`` within its memory budget (eager: the
+    engine's order).
 
-    ``T_opt + max(compute, F + B, AG(all) + D + RS(all))``, three facts of every plan:
+    ``T_opt + max(compute, F + B, AG(all) + RS(all) + max(D, AG(again)))``, facts of every plan:
 
     - ``F`` bounds the end of forward: op j cannot start before every parameter first read at or
       before it is gathered (the units holding them hold at least those bytes, gathered one after
@@ -188,7 +189,9 @@ def sharded_lower_bound(problem: Problem) -> float:
       an affine cost with a non-negative intercept makes every split dearer), every forward
       all-gather ends before the last op that first reads a parameter starts, and no
       reduce-scatter starts before the first op that finishes a parameter's last gradient ends:
-      in between (``D``, that span's compute) only backward all-gathers, which only add, can use it.
+      in between (``D``, that span's compute) only the all-gathers that fetch parameters a second
+      time can use it. Those move at least ``again`` bytes (:func:`regathered_bytes`: what the
+      budget cannot hold between a parameter's reads), in collectives of their own.
     """
     graph, cluster = problem.graph, problem.cluster
     order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
@@ -218,26 +221,23 @@ def sharded_lower_bound(problem: Problem) -> float:
     if first_read and last_grad:
         q, g1 = max(first_read.values()), min(last_grad.values())
         gap = max(0.0, after[q] - after[g1 + 1])
-    channel = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + gap
+    again = regathered_bytes(problem)
+    second = max(gap, gather(again) if again > 0 else 0.0)
+    channel = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + second
     return t_opt + max(compute, forward + backward_s, channel)
 
 
-def memory_floor(problem: Problem) -> tuple[float, str]:
-    """The least peak memory per rank of every sharded plan of ``problem`` (eager: the engine's order),
-    and where it falls: no budget below it has a plan.
+def _held_levels(problem: Problem) -> tuple[list[str], Geometry, list[float]]:
+    """(the step's ops, their geometry, per op the unsharded bytes every plan holds while it runs).
 
-    Units only widen what each parameter holds, so per parameter, whatever the plan: its shard always;
-    its unsharded bytes while a forward op reads it, and from its first backward touch to its last
-    (its unit is gathered for its backward until the post-backward after its last); its gradient from
-    where it comes into being (a tied weight's first backward touch, :class:`~.sharding.Geometry`) to
-    its last gradient op (the reduce-scatter ends after it). The floor is the shards plus the most
-    those parameters hold during any one op.
+    Units only widen what each parameter holds, so per parameter, whatever the plan: its unsharded
+    bytes while a forward op reads it, and from its first backward touch to its last (its unit is
+    gathered for its backward until the post-backward after its last); its gradient from where it
+    comes into being (a tied weight's first backward touch, :class:`~.sharding.Geometry`) to its
+    last gradient op (the reduce-scatter ends after it).
     """
     graph = problem.graph
     order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
-    shards = graph.total_param_bytes / problem.cluster.world_size
-    if not graph.params or not order:
-        return shards, "the shards only"
     geometry = Geometry(graph, order, ())
     held = [0.0] * (len(order) + 1)  # a difference array over op positions
 
@@ -253,9 +253,59 @@ def memory_floor(problem: Problem) -> tuple[float, str]:
             hold(min(touch["backward"]), max(touch["backward"]), nbytes)
         if (start := Geometry.gradient_start(touch)) is not None:
             hold(start, max(touch["grads"]), nbytes)
-    levels = list(accumulate(held[:-1]))
+    return order, geometry, list(accumulate(held[:-1]))
+
+
+def memory_floor(problem: Problem) -> tuple[float, str]:
+    """The least peak memory per rank of every sharded plan of ``problem`` (eager: the engine's order),
+    and where it falls: no budget below it has a plan.
+
+    The shards plus the most that every plan holds unsharded during any one op (:func:`_held_levels`).
+    """
+    graph = problem.graph
+    shards = graph.total_param_bytes / problem.cluster.world_size
+    order, _, levels = _held_levels(problem)
+    if not graph.params or not order:
+        return shards, "the shards only"
     j = max(range(len(order)), key=levels.__getitem__)
     return shards + levels[j], f"during {order[j]} ({graph.ops[order[j]].phase})"
+
+
+def regathered_bytes(problem: Problem) -> float:
+    """The least parameter bytes every plan within ``problem``'s budget gathers a second time.
+
+    Between two reads of a parameter (forward reads, then its first backward touch) with ops in
+    between that do not touch it, a plan either holds it unsharded through every one of those ops
+    or gathers it again after the first read: an all-gather issued earlier would hold it. During
+    op j the budget leaves ``budget - shards - held(j)`` for such holds (:func:`_held_levels`), so
+    the bytes held across gaps are at most the optimum of a packing of intervals into those
+    capacities (each gap an interval, any part of its bytes held); taking the gaps by their last
+    op and holding as much as still fits is that optimum (an exchange argument: the earliest-ending
+    gap loses nothing by taking capacity from a gap that ends later). With no budget: 0.
+    """
+    budget = problem.memory_budget_bytes
+    graph = problem.graph
+    if budget is None or not graph.params:
+        return 0.0
+    order, geometry, levels = _held_levels(problem)
+    spare = [max(0.0, budget - graph.total_param_bytes / problem.cluster.world_size - level) for level in levels]
+    gaps = []  # (last op of the gap, first op, bytes)
+    for name, touch in geometry.touches.items():
+        reads = sorted(set(touch["forward"])) + ([min(touch["backward"])] if touch["backward"] else [])
+        gaps += [(b - 1, a + 1, graph.params[name].nbytes) for a, b in zip(reads, reads[1:]) if b > a + 1]
+    return sum(nbytes for _, _, nbytes in gaps) - _most_held(spare, gaps)
+
+
+def _most_held(spare: list[float], gaps: list[tuple[int, int, float]]) -> float:
+    """The most bytes of ``gaps`` ((last, first, bytes): positions first..last) held within ``spare`` at
+    every position, any part of a gap's bytes allowed: the earliest-ending gap first, as much as fits."""
+    spare, held = list(spare), 0.0
+    for last, first, nbytes in sorted(gaps):
+        kept = min(nbytes, min(spare[first:last + 1]))
+        for j in range(first, last + 1):
+            spare[j] -= kept
+        held += kept
+    return held
 
 
 def _running_bytes(position: dict[str, int], nbytes: dict[str, float], *, reverse: bool = False):

@@ -33,7 +33,7 @@ Lower bound, valid for every order and bucketing (``Problem`` only):
   c(p)``: every ancestor of every gradient runs before the last gradient
   exists, after which at least that parameter's bytes cross the network.
 - ``overlap``, per step: ``max(T_fwd + T_bwd + T_opt, C_all)``.
-- ``sharded``: :func:`schedopt.shard_sim.sharded_lower_bound`.
+- ``sharded``: :func:`schedopt.shard_sim.sharded_lower_bound` (every plan within the memory budget).
 
 ``sharded`` plans run on the same machine (:mod:`.shard_sim`): all-gathers and reduce-scatters on
 the FIFO channel at the plan's hooks, ops waiting for their unit's all-gather, and the peak memory

@@ -39,7 +39,7 @@ from schedopt.units import format_size
 
 from .registry import register
 
-__all__ = ["atoms", "build_units", "fit_budget", "size_cap_bytes", "solve_fsdp_per_block", "solve_fsdp_root",
+__all__ = ["atoms", "block_groups", "build_units", "fit_budget", "size_cap_bytes", "solve_fsdp_per_block", "solve_fsdp_root",
            "solve_fsdp_size"]
 
 SHARDED = ("sharded",)
@@ -140,13 +140,23 @@ def solve_fsdp_root(problem: Problem, *, seed: int = 0, time_limit_s: float | No
 def solve_fsdp_per_block(problem: Problem, *, seed: int = 0, time_limit_s: float | None = None) -> Plan:
     """torchtitan's layout: a unit per repeated block, the root for the rest (see the module docstring)."""
     _needs_modules(problem, "fsdp-per-block")
-    tree = problem.graph.modules
-    container = tree.largest_repeated_container()
+    container = problem.graph.modules.largest_repeated_container()
     if container is None:
         return fit_budget(problem, _root_units(problem.graph), "fsdp-per-block", note="no repeated blocks: one unit")
-    _, pinned = atoms(problem.graph)  # a block read again later (a tied weight) stays in the root
-    blocks = [[c] for c in tree.child_paths(container) if tree.params_under(c) and c not in pinned]
-    return fit_budget(problem, build_units(problem.graph, blocks), "fsdp-per-block", blocks=container or "(root)")
+    blocks = block_groups(problem.graph)
+    return fit_budget(problem, build_units(problem.graph, blocks), "fsdp-per-block", blocks=container)
+
+
+def block_groups(graph: TrainGraph) -> list[list[str]]:
+    """The repeated blocks (children of the largest repeated container) that hold parameters, one group
+    each; a block read again later (a tied weight) stays in the root. Empty without such a container."""
+    tree = graph.modules
+    assert tree is not None
+    container = tree.largest_repeated_container()
+    if container is None:
+        return []
+    _, pinned = atoms(graph)
+    return [[c] for c in tree.child_paths(container) if tree.params_under(c) and c not in pinned]
 
 
 def size_cap_bytes(problem: Problem) -> int:

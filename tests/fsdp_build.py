@@ -9,8 +9,10 @@ sharded lower bound.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -57,8 +59,11 @@ def main() -> int:
         problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")
         for solver in solvers_for("sharded"):
             plan = get(solver)(problem, **({"time_limit_s": 1} if solver == "cpsat" else {}))
-            bound = sharded_lower_bound(problem)  # real graphs: tied weights, several reads per parameter
-            assert bound <= plan.predicted.iteration_s * (1 + 1e-9), (name, solver, bound, plan.predicted.iteration_s)
+            # real graphs: tied weights, several reads per parameter; with no budget, and with the plan's own peak
+            for budget in (None, math.ceil(plan.predicted.peak_memory_bytes)):
+                bound = sharded_lower_bound(replace(problem, memory_budget_bytes=budget))
+                assert bound <= plan.predicted.iteration_s * (1 + 1e-9), (name, solver, budget, bound,
+                                                                          plan.predicted.iteration_s)
             build(spec, plan.units)
             count += len(plan.units)
     dist.destroy_process_group()

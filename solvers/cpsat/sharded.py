@@ -24,7 +24,7 @@ The model is hinted with the best plan within the budget among the baselines and
 (:func:`_greedy_starts`). The plan read back is re-simulated: the simulator is the judge of time and
 memory, and the warm start is returned when CP-SAT's plan is not better (``stats["result"]``); a
 plan over budget tightens the next model's cap by its excess (at most :data:`ROUNDS` solves). The
-bound reported is :func:`schedopt.shard_sim.sharded_lower_bound` (valid for every sharded plan);
+bound reported is :func:`schedopt.shard_sim.sharded_lower_bound` (valid for every sharded plan within the budget);
 the model's own bound holds only inside its windows and is recorded as ``stats["model_bound_s"]``.
 """
 
@@ -44,7 +44,7 @@ from schedopt.shard_sim import peak_memory, sharded_lower_bound
 from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
 
-from ..fsdp import atoms, build_units
+from ..fsdp import atoms, block_groups, build_units
 from ..registry import SOLVERS, solvers_for
 
 __all__ = ["solve_sharded", "ShardedOptions"]
@@ -360,9 +360,10 @@ def _plan_of(problem: Problem, data: _Data, picked: list[list[Any]], name: str, 
 
 
 def _greedy_starts(problem: Problem) -> list[Plan]:
-    """Two more warm starts: every atom its own unit, kept unsharded, gathered 1, 2, 4 or all units ahead
-    (where the budget allows it: the barrier-like case); and from the two-ahead one, the largest kept
-    unit resharded, one after another, until the plan fits the budget (then prefetch lowered)."""
+    """The warm starts beyond the baselines: every atom its own unit, kept unsharded, gathered 1, 2, 4 or
+    all units ahead (where the budget allows it: the barrier-like case); from the two-ahead one, the
+    largest kept unit resharded, one after another, until the plan fits the budget (then prefetch
+    lowered); and the most atoms kept at the end per prefetch distance (:func:`_keep_last_starts`)."""
     graph, budget = problem.graph, problem.memory_budget_bytes
     names, pinned = atoms(graph)
     groups = [[m] for m in names if m not in pinned]
@@ -394,6 +395,27 @@ def _greedy_starts(problem: Problem) -> list[Plan]:
             units = [replace(u, prefetch_forward=max(0, u.prefetch_forward - 1),
                              prefetch_backward=max(0, u.prefetch_backward - 1)) for u in units]
         plan, peak = plan_of(units, "greedy-reshard")
+    return out + _keep_last_starts(problem, plan_of)
+
+
+def _keep_last_starts(problem: Problem, plan_of) -> list[Plan]:
+    """Per forward and backward prefetch distance (0-2), FSDP2's per-block layout with its last k blocks
+    kept unsharded after forward and the rest resharded, k the most that fits the budget: the plans
+    that trade prefetch memory for fewer all-gathers again (one simulated plan per k, k from the top)."""
+    budget, graph = problem.memory_budget_bytes, problem.graph
+    groups = block_groups(graph)
+    if budget is None or not groups:
+        return []
+    out = []
+    for ahead in (0, 1, 2):
+        for behind in (0, 1, 2):
+            for k in range(len(groups), 0, -1):
+                reshard = [i < len(groups) - k for i in range(len(groups))]
+                units = build_units(graph, groups, reshard=reshard, prefetch_forward=ahead, prefetch_backward=behind)
+                plan, peak = plan_of(units, f"keep-last-{k}")
+                if peak <= budget:
+                    out.append(plan)
+                    break
     return out
 
 
