@@ -293,8 +293,8 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
 def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algorithm: str, name: str,
                        process_group: Any, sweep: dict, force: bool = False) -> tuple[Cluster, list[Measurement]]:
     """Step 3: fit; measure again the sizes measured slower than the fit, and every size plans issue when
-    the fit misses one of them or no line through them rises (each keeps its faster median); refit;
-    refuse a fit that still misses."""
+    the fit misses one of them or no line through them rises (each keeps its faster median); refit
+    (where still no line rises, after one more sweep of every size); refuse a fit that still misses."""
     def fit(ms: list[Measurement]) -> Cluster:
         return calibrate([m.nbytes for m in ms], [m.median_s for m in ms], world_size=world_size,
                          algorithm=algorithm, name=name)  # type: ignore[arg-type]
@@ -312,13 +312,20 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
             again |= plan_sizes
     except SchedoptError:  # one slow size among the few plans issue can tilt the line flat or down
         again = plan_sizes
-    if again:
+    def remeasure(sizes: set[int]) -> list[Measurement]:
         options = {k: v for k, v in sweep.items() if k in ("min_repeats", "max_repeats")}
-        remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=sorted(again),
+        remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=sorted(sizes),
                                                              time_limit_s=sweep.get("time_limit_s", 60.0), **options)}
-        measurements = [min(m, remeasured.get(m.nbytes, m), key=lambda x: x.median_s) for m in measurements]
+        return [min(m, remeasured.get(m.nbytes, m), key=lambda x: x.median_s) for m in measurements]
+
+    if again:
+        measurements = remeasure(again)
     if again or cluster is None:
-        cluster = fit(measurements)  # raises where the measurements still do not grow with size
+        try:
+            cluster = fit(measurements)
+        except SchedoptError:  # still flat: a loaded host slowed the small sizes; every size once more
+            measurements = remeasure({m.nbytes for m in measurements})
+            cluster = fit(measurements)  # raises where the measurements still do not grow with size
     if off := missed(cluster, measurements, REFUSE):
         named = ", ".join(f"{format_size(s)} measured {format_duration(t)}, fitted {format_duration(f)}"
                           for s, t, f in off)
