@@ -99,7 +99,7 @@ def _classification(model: nn.Module, x: torch.Tensor, num_classes: int):
     target = torch.arange(x.shape[0]) % num_classes
 
     def loss_fn(logits: torch.Tensor, _x: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, target)
+        return F.cross_entropy(logits, target.to(logits.device))  # the labels go where the model went
 
     return model, (x,), loss_fn
 

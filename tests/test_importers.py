@@ -288,3 +288,13 @@ def test_overhead_scale_never_scales_down_and_leaves_other_ops_alone():
     assert overhead_scale(graph, measured, others + 1.5 * total) == pytest.approx(1.5)
     assert overhead_scale(graph, measured, others + 0.5 * total) == 1.0
     assert overhead_scale(graph, {}, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("name", [n for n in example_models().__all__ if n.startswith(("tiny_", "digits"))])
+def test_every_example_trains_where_its_model_is_moved(name):
+    """An example's loss takes its labels to the model's device (a GPU run of ResNet-18 failed on CPU
+    labels): on the meta device, the step's loss is a meta tensor."""
+    spec = load_factory(f"{MODELS_FILE}:{name}", batch_size=2)
+    model = spec.model.to("meta")
+    inputs = tuple(x.to("meta") for x in spec.example_inputs)
+    assert spec.loss_fn(model(*inputs), *inputs).device.type == "meta"
