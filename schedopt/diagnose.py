@@ -28,7 +28,8 @@ from typing import Any
 from .intervals import clip, covered, covered_union, length, uncovered, union
 from .kineto import Collective, RankTrace
 
-__all__ = ["DIAGNOSIS_SCHEMA", "CollectiveRow", "StepRow", "Diagnosis", "diagnose", "format_report", "plot_step"]
+__all__ = ["DIAGNOSIS_SCHEMA", "HOST_BOUND_SHARE", "CollectiveRow", "StepRow", "Diagnosis", "diagnose", "format_report",
+           "plot_step"]
 
 DIAGNOSIS_SCHEMA = "schedopt.diagnosis/1"
 #: exposure below this (s) is noise, not a finding
@@ -159,7 +160,28 @@ def format_report(report: Diagnosis) -> str:
         lines.append(f"  rank {s.rank} step {s.step}: {c.name} issued {c.issue_s * 1e3:.1f}, ran "
                      f"{c.start_s * 1e3:.1f}-{c.end_s * 1e3:.1f}{size}, {c.exposed_s * 1e3:.1f} exposed"
                      + (f": {'; '.join(c.reasons)}" if c.reasons else ""))
+    if (idle := _idle_line(report)) is not None:
+        lines.append(idle)
     return "\n".join(lines)
+
+
+#: A step whose device (or training thread) was busy for less than this share of it is bound elsewhere.
+HOST_BOUND_SHARE = 0.5
+
+
+def _idle_line(report: Diagnosis) -> str | None:
+    """One line where the steps were mostly neither compute nor communication: what bounds the run is
+    the host (Python, kernel launches, the data), and no communication schedule can help it."""
+    if not report.steps:
+        return None
+    step, compute, comm = (statistics.median(getattr(s, k) for s in report.steps)
+                           for k in ("step_s", "compute_s", "comm_s"))
+    if step <= 0 or max(compute, comm) >= HOST_BOUND_SHARE * step:
+        return None
+    where = "the device" if report.device == "cuda" else "the training thread"
+    return (f"{where} computed {compute * 1e3:.1f} ms and communicated {comm * 1e3:.1f} ms of each "
+            f"{step * 1e3:.1f} ms step (medians): the host bounds this run (Python, kernel launches, data), "
+            "not the network, and no schedule shortens what it does not cover")
 
 
 def plot_step(report: Diagnosis, traces: list[RankTrace], path: Any) -> None:

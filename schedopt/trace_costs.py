@@ -4,9 +4,12 @@ A trace's ops are matched to the graph's by kind and order within a step: the k-
 the backward in the trace is the graph's k-th backward ``aten.mm`` (engine order), for every kind the
 graph has (outermost occurrences only: an ``aten::clone`` inside another is part of it; an op the
 importer split in parts, a convolution's backward into its input- and weight-gradient halves, is one
-traced ``aten::convolution_backward``, shared by the parts' FLOPs). A trace op is forward before the
-step's first ``autograd::engine`` event, backward after it, until the optimizer's span. On CUDA an
-op's time is its kernels' (by correlation); on CPU the op's own span. Each matched graph op takes its
+traced ``aten::convolution_backward``, shared by the parts' FLOPs; a kind the graph knows by another
+name is matched under it: cuDNN's BatchNorm, an in-place gradient sum). A trace op is forward before the
+step's first ``autograd::engine`` event, backward after it, until the optimizer's span (on CUDA the
+backward's ops are on the engine's device thread, not the training thread). On CUDA an op's time is
+the device time of the kernels, copies and memsets it launched (by correlation: on an H200 the host
+spans of gpt_tied's ops are launch times, several times its kernels'); on CPU the op's own span. Each matched graph op takes its
 mean over the trace's steps, so that the ops add up to a step's mean compute (a median each fell
 short where op times spike: gpt_tied's medians summed to 0.467 s, its means to 0.533, the traced
 compute to 0.55); unmatched ops keep their estimates. How much the times vary, :func:`op_spread`.
@@ -32,6 +35,7 @@ traced steps' compute time the matched ops explain.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -42,13 +46,19 @@ from .cost import overhead_scale
 from .errors import TraceError
 from .graph import TrainGraph
 from .intervals import length, union
-from .kineto import STEP, span_of, trace_events
+from .kineto import DEVICE_COPIES, Span, host_steps, span_of, trace_events
 from .orders import engine_order
 
 __all__ = ["TraceCosts", "trace_costs"]
 
 #: The parts an importer splits one op into (:mod:`schedopt.backward`): one traced op ran them all.
 SPLIT_PARTS = ("grad_input", "grad_weight")
+#: A traced kind the graph knows by another name: eager BatchNorm on CUDA is cuDNN's (MIOpen's on ROCm),
+#: where the importer's trace holds ``native_batch_norm``.
+TRACE_ALIASES = {"aten.cudnn_batch_norm": "aten.native_batch_norm",
+                 "aten.cudnn_batch_norm_backward": "aten.native_batch_norm_backward",
+                 "aten.miopen_batch_norm": "aten.native_batch_norm",
+                 "aten.miopen_batch_norm_backward": "aten.native_batch_norm_backward"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +72,8 @@ class TraceCosts:
     steps: int
     op_spread: float = 0.0  # the matched ops' pooled coefficient of variation over the steps (op_spread())
     overhead: float = 0.0  # how much the matched ops were scaled up to add up to the traced compute
-    compute_s: float = 0.0  # the traced compute per step (mean): the training thread's busy time before the optimizer
+    compute_s: float = 0.0  # the traced compute per step (mean), before the optimizer: the training thread's
+    # busy time on CPU, the device's on CUDA
 
     def describe(self) -> str:
         return (f"trace costs: {self.matched_ops} of {self.graph_ops} ops matched ({self.matched_ops / self.graph_ops:.0%}),"
@@ -82,18 +93,82 @@ def _outermost(spans: list[tuple[str, float, float, Any]]) -> list[tuple[str, fl
     return out
 
 
-def _step_ops(events: list[dict], window: tuple[float, float], tid: Any) -> tuple[dict, float]:
-    """{(kind, phase): [duration, ...] in order} of one step's training-thread aten ops, and its compute time."""
-    mine = [(s, e) for e in events if e.get("tid") == tid and e.get("cat") == "cpu_op"
-            and (s := span_of(e)) is not None and window[0] <= s.start < window[1]]
-    backward = min((s.start for s, _ in mine if s.name.startswith("autograd::engine")), default=window[1])
-    optimizer = min((s.start for s, _ in mine if s.name.startswith("Optimizer.")), default=window[1])
-    aten = [(s.name.replace("::", ".", 1), s.start, s.end, None) for s, _ in mine
-            if s.name.startswith("aten::") and s.start < optimizer]
+class _Clock:
+    """How long a traced op took: on CPU its own span; on CUDA the device time of the kernels, copies
+    and memsets it launched (``cudaLaunchKernel`` and the like, paired with the device's events by
+    ``correlation``; NCCL's kernels are communication, not the op's)."""
+
+    def __init__(self, events: list[dict]) -> None:
+        device: dict[Any, list[tuple[float, float]]] = {}
+        for e in events:
+            if e.get("cat") in ("kernel", *DEVICE_COPIES) and not str(e.get("name", "")).lower().startswith("nccl"):
+                corr, span = (e.get("args") or {}).get("correlation"), span_of(e)
+                if corr is not None and span is not None:
+                    device.setdefault(corr, []).append((span.start, span.end))
+        self.cuda = bool(device)
+        self.launches: dict[Any, list[tuple[float, list[tuple[float, float]]]]] = {}  # tid -> [(when, spans)]
+        for e in events:
+            if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+                corr, span = (e.get("args") or {}).get("correlation"), span_of(e)
+                if corr in device and span is not None:
+                    self.launches.setdefault(e.get("tid"), []).append((span.start, device[corr]))
+        for launches in self.launches.values():
+            launches.sort(key=lambda x: x[0])
+        self.times = {tid: [t for t, _ in ls] for tid, ls in self.launches.items()}
+
+    def device_spans(self, tid: Any, start: float, end: float) -> list[tuple[float, float]]:
+        """The device's spans of what thread ``tid`` launched between ``start`` and ``end``."""
+        times = self.times.get(tid, [])
+        lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+        return [s for _, spans in self.launches.get(tid, [])[lo:hi] for s in spans]
+
+    def took(self, tid: Any, span: Span) -> float:
+        if not self.cuda:
+            return span.end - span.start
+        return sum(b - a for a, b in self.device_spans(tid, span.start, span.end))
+
+
+def _step_ops(events: list[dict], window: tuple[float, float], tid: Any, clock: _Clock) -> tuple[dict, float]:
+    """{(kind, phase): [duration, ...] in order} of one step's aten ops, and its compute time.
+
+    The forward's ops are the training thread's; the backward's run where the autograd engine runs
+    them: the training thread on CPU, the engine's device thread on CUDA (the threads with
+    ``autograd::engine`` spans). Compute: on CPU the training thread's busy time before the
+    optimizer, on CUDA the device's busy time for what those threads launched before it."""
+    inside = [(s, e.get("tid")) for e in events if e.get("cat") == "cpu_op"
+              and (s := span_of(e)) is not None and window[0] <= s.start < window[1]]
+    engine = [(s, t) for s, t in inside if s.name.startswith("autograd::engine")]
+    backward = min((s.start for s, _ in engine), default=window[1])
+    threads = {tid} | {t for _, t in engine}
+    optimizer = min((s.start for s, t in inside if t == tid and s.name.startswith("Optimizer.")), default=window[1])
+    aten = [(s.name.replace("::", ".", 1), s.start, s.end, (t, s)) for s, t in inside
+            if t in threads and s.name.startswith("aten::") and s.start < optimizer]
     out: dict[tuple[str, str], list[float]] = {}
-    for kind, start, end, _ in _outermost(aten):
-        out.setdefault((kind, "forward" if start < backward else "backward"), []).append(end - start)
-    return out, length(union((s.start, s.end) for s, _ in mine if s.start < optimizer))
+    for thread in threads:
+        for kind, start, _, (t, span) in _outermost([a for a in aten if a[3][0] == thread]):
+            phase = "forward" if start < backward and t == tid else "backward" if start >= backward else None
+            if phase is not None:
+                out.setdefault((kind, phase), []).append((start, clock.took(t, span)))
+    ordered = {key: [took for _, took in sorted(v)] for key, v in out.items()}
+    if clock.cuda:
+        busy = [d for t in threads for d in clock.device_spans(t, window[0], optimizer)]
+    else:
+        busy = [(s.start, s.end) for s, t in inside if t == tid and s.start < optimizer]
+    return ordered, length(union(busy))
+
+
+def _aligned(ops: dict[tuple[str, str], list[float]], graph_keys: Any) -> dict[tuple[str, str], list[float]]:
+    """The traced ops under the graph's names where the graph lacks the traced kind: an alias
+    (:data:`TRACE_ALIASES`), or the out-of-place kind of an in-place op (the engine's gradient sums
+    are ``add_`` on CUDA, ``add`` in the importer's trace), where the trace has no op of that name."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for (kind, phase), times in ops.items():
+        if (kind, phase) not in graph_keys:
+            alias = TRACE_ALIASES.get(kind) or (kind[:-1] if kind.endswith("_") else None)
+            if alias is not None and (alias, phase) in graph_keys and (alias, phase) not in ops:
+                kind = alias
+        out.setdefault((kind, phase), times)
+    return out
 
 
 def _graph_ops_by_kind(graph: TrainGraph) -> dict[tuple[str, str], list[list[tuple[str, float]]]]:
@@ -131,14 +206,16 @@ def trace_costs(graph: TrainGraph, path: str | Path) -> TraceCosts:
     """
     data = trace_events(Path(path))
     events = [e for e in data["traceEvents"] if isinstance(e, dict)]
-    steps = [(s, e.get("tid")) for e in events if STEP.match(str(e.get("name", ""))) and (s := span_of(e)) is not None]
+    steps = host_steps(events)
     if not steps:
         raise TraceError(f"trace file {str(path)!r} has no ProfilerStep#N spans to take op times from")
     by_kind = _graph_ops_by_kind(graph)
+    clock = _Clock(events)
     samples: dict[str, list[float]] = {}
     compute, explained = 0.0, 0.0
-    for span, tid in steps:
-        ops, busy = _step_ops(events, (span.start, span.end), tid)
+    for _, span, tid in steps:
+        ops, busy = _step_ops(events, (span.start, span.end), tid, clock)
+        ops = _aligned(ops, by_kind)
         compute += busy
         for key, units in by_kind.items():
             for unit, took in zip(units, ops.get(key, [])):

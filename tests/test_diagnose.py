@@ -234,3 +234,36 @@ def test_a_convolution_s_backward_is_one_traced_op_shared_by_its_two_parts(tmp_p
     for node in halves:
         a, b = (costs.graph.ops[f"{node}.{p}"] for p in ("grad_input", "grad_weight"))
         assert a.duration_s / b.duration_s == pytest.approx(graph.ops[a.id].flops / graph.ops[b.id].flops, rel=1e-6)
+
+
+#: A real CUDA trace: ``examples/train.py resnet18 --ddp --steps 8 --profile DIR --profile-sizes`` on one
+#: NVIDIA H200 (torch 2.11+cu130, NCCL, world size 1), recorded by bench/gpu_check.sh; steps 7-9 profiled.
+H200_TRACE = ROOT / "tests" / "data" / "h200_ddp_resnet18.json.gz"
+
+
+def test_a_real_cuda_trace_reads_the_host_s_steps_and_the_device_s_work(capsys):
+    """Each step is also a ``gpu_user_annotation`` of 0.25 ms in this trace: the step is the host's span
+    (27.7-30.1 ms); the device computed about 2.1 ms of each, and at world size 1 NCCL ran no kernel.
+    The report says the host bounds the run."""
+    trace = load_traces([str(H200_TRACE)])[0]
+    assert trace.device == "cuda" and trace.world_size == 1 and not trace.collectives
+    assert {n: round((b - a) * 1e3, 2) for n, (a, b) in trace.steps.items()} == {7: 27.67, 8: 30.05, 9: 28.67}
+    report = diagnose([trace])
+    assert all(1.5e-3 < s.compute_s < 3e-3 and s.comm_s == 0.0 for s in report.steps)
+    assert main(["diagnose", str(H200_TRACE)]) == 0
+    assert "the device computed 2.1 ms and communicated 0.0 ms of each 28.7 ms step" in capsys.readouterr().out
+
+
+def test_op_times_from_a_real_cuda_trace_are_the_device_s():
+    """On CUDA an op's time is its kernels' (the host's spans are launches: ResNet-18's forward ops
+    spanned 5.8 ms on the host for 0.66 ms on the device); the backward's ops are read on the autograd
+    engine's device thread; cuDNN's BatchNorm and the engine's in-place gradient sums match the graph's
+    ``native_batch_norm`` and ``add``. The ops then add up to the device's compute per step."""
+    model, inputs, loss_fn = _factory("resnet18")
+    graph = from_torch(model, inputs, loss_fn=loss_fn, name="resnet18")
+    costs = trace_costs(graph, H200_TRACE)
+    assert costs.steps == 3 and costs.matched_ops >= costs.graph_ops - 1 and costs.op_spread < 0.05
+    totals = costs.graph.totals
+    assert 1.5e-3 < costs.compute_s < 3e-3
+    assert totals.forward_s + totals.backward_s == pytest.approx(costs.compute_s, rel=1e-6)
+    assert totals.forward_s < 1e-3 < totals.backward_s
