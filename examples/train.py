@@ -108,13 +108,15 @@ def profiler_for(args, rank: int, cuda: bool):
     # every op's arguments (what gives a collective's bytes) made ResNet-18's profiled backward on CPU
     # 1.7x longer here (630-713 ms against 349-434 without; unprofiled steps ~500 ms): only when asked
     torch._C._profiler._set_record_concrete_inputs_enabled_val(args.profile_sizes)
+    try:  # every thread: schedopt's gloo channel issues its collectives from a thread of its own
+        config = {"experimental_config": _ExperimentalConfig(profile_all_threads=True)}
+    except TypeError:  # a torch before profile_all_threads: the training thread's ops (on CUDA, every kernel)
+        config = {}
     active = max(1, min(3, args.steps - 1))
     skip = args.warmup + max(0, args.steps - active - 1)
     return profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])],
                    schedule=schedule(skip_first=skip, wait=0, warmup=1, active=active, repeat=1),
-                   record_shapes=args.profile_sizes,
-                   # every thread: schedopt's gloo channel issues its collectives from a thread of its own
-                   experimental_config=_ExperimentalConfig(profile_all_threads=True),
+                   record_shapes=args.profile_sizes, **config,
                    on_trace_ready=lambda p: p.export_chrome_trace(str(Path(args.profile) / f"rank{rank}.json")))
 
 

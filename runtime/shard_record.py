@@ -5,9 +5,13 @@ shell (``set_custom_all_gather`` / ``set_custom_reduce_scatter``, FSDP2's docume
 them): the shell calls ``all_gather_single`` / ``reduce_scatter_single`` exactly as FSDP2's
 defaults do, and notes, by the host's clock from the step's start,
 
-- when the collective was issued and when it ended (a blocking call: when it returned; an
-  asynchronous one, FSDP2's all-gathers with ``async_unshard``: when its future completed; on CUDA
-  that is when NCCL reported the kernel done);
+- when the collective was issued and when it ended. On CPU by the host's clock: a blocking call
+  ended when it returned, an asynchronous one (FSDP2's all-gathers with ``async_unshard``) when its
+  future completed. On CUDA a call returns as soon as its kernel is queued, so the host's clock says
+  nothing: CUDA events are recorded on the stream FSDP2 issues on (its all-gather and
+  reduce-scatter streams), before and after the call, and a step's times are the events' distances
+  from an event recorded at the step's start, read without a synchronization once they have
+  completed (:attr:`ShardRecorder.steps` waits for the last ones);
 - the unsharded parameter and gradient bytes the model held, sampled before and after every
   unit's forward, at every all-gather and at every reduce-scatter: a parameter FSDP2 has
   unsharded is a plain tensor registered on its module (sharded ones are DTensors) and its
@@ -27,6 +31,10 @@ defaults do, and notes, by the host's clock from the step's start,
   through the backward, was out of sight).
 
 A step begins at the root module's forward. :attr:`ShardRecorder.steps` holds them.
+
+``all_gather_single`` / ``reduce_scatter_single`` are torch's newer names for
+``all_gather_into_tensor`` / ``reduce_scatter_tensor``; the recorder calls whichever the installed
+torch has.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ from torch.distributed.tensor import DTensor
 __all__ = ["ShardCollective", "ShardStepRecord", "ShardRecorder"]
 
 AG, RS = "all-gather", "reduce-scatter"
+_all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 @dataclass(slots=True)
@@ -57,6 +67,8 @@ class ShardCollective:
     nbytes: int
     issue_s: float
     end_s: float | None = None
+    #: on CUDA: the events recorded on the issuing stream before and after the call, until resolved
+    events: tuple[Any, Any] | None = None
 
     def to_json(self) -> list[Any]:
         return [self.kind, self.unit, self.nbytes, round(self.issue_s, 6),
@@ -70,10 +82,39 @@ class ShardStepRecord:
     start: float
     collectives: list[ShardCollective] = field(default_factory=list)
     unsharded_peak_bytes: int = 0
+    #: on CUDA: an event recorded on the current stream as the step began
+    start_event: Any = None
+
+    def resolve(self, wait: bool) -> bool:
+        """On CUDA, turn the collectives' completed events into seconds from the step's start (all of
+        them, synchronizing, with ``wait``); True when none is left unresolved."""
+        left = False
+        for c in self.collectives:
+            if c.events is None:
+                continue
+            before, after = c.events
+            if after is None:  # the call raised
+                c.events = None
+                continue
+            if not wait and not after.query():
+                left = True
+                continue
+            after.synchronize()
+            c.issue_s = self.start_event.elapsed_time(before) / 1e3
+            c.end_s = self.start_event.elapsed_time(after) / 1e3
+            c.events = None
+        return not left
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _event() -> Any:
+    """A timing CUDA event, recorded now on the current stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 class ShardRecorder:
@@ -82,7 +123,9 @@ class ShardRecorder:
     def __init__(self, root: nn.Module, unit_modules: Sequence[Sequence[nn.Module]]) -> None:
         self.root = root
         self.unit_modules = [list(ms) for ms in unit_modules]
-        self.steps: list[ShardStepRecord] = []
+        self._steps: list[ShardStepRecord] = []
+        self._unresolved = 0  # steps from here on may hold unresolved CUDA events
+        self.cuda = any(p.is_cuda for p in root.parameters())
         self._lock = threading.Lock()  # futures complete on the backend's threads
         self._managed = self._managed_names()
         #: ids of parameters whose gradient has begun in the autograd engine but is not on ``.grad`` yet
@@ -104,12 +147,26 @@ class ShardRecorder:
 
     # ----------------------------------------------------------------- steps and memory
 
+    @property
+    def steps(self) -> list[ShardStepRecord]:
+        """Every step so far, its collectives' times resolved (on CUDA this waits for the last ones)."""
+        self._resolve(wait=True)
+        return self._steps
+
+    def _resolve(self, wait: bool) -> None:
+        while self._unresolved < len(self._steps) and self._steps[self._unresolved].resolve(wait):
+            self._unresolved += 1
+
     def begin_step(self, *_: Any) -> None:
-        self.steps.append(ShardStepRecord(start=time.perf_counter()))
+        step = ShardStepRecord(start=time.perf_counter())
+        if self.cuda:
+            self._resolve(wait=False)  # what has completed, without stalling the host
+            step.start_event = _event()
+        self._steps.append(step)
 
     def sample(self, extra: int = 0) -> None:
         """Note the unsharded parameter and gradient bytes held now, plus ``extra`` held out of sight."""
-        if not self.steps:
+        if not self._steps:
             return
         held = extra
         for module, name in self._managed:
@@ -124,7 +181,7 @@ class ShardRecorder:
         alive = [ref() for ref in self._gathered]
         self._gathered = [ref for ref, t in zip(self._gathered, alive) if t is not None]
         held += sum(_nbytes(t) for t in alive if t is not None)
-        step = self.steps[-1]
+        step = self._steps[-1]
         step.unsharded_peak_bytes = max(step.unsharded_peak_bytes, held)
 
     def peak_bytes(self, step: ShardStepRecord) -> int:
@@ -134,10 +191,12 @@ class ShardRecorder:
     # ----------------------------------------------------------------- collectives
 
     def _note(self, kind: str, unit: int, nbytes: int) -> ShardCollective | None:
-        if not self.steps:
+        if not self._steps:
             return None
-        step = self.steps[-1]
+        step = self._steps[-1]
         entry = ShardCollective(kind=kind, unit=unit, nbytes=nbytes, issue_s=time.perf_counter() - step.start)
+        if step.start_event is not None:
+            entry.events = (_event(), None)
         with self._lock:
             step.collectives.append(entry)
         return entry
@@ -145,6 +204,11 @@ class ShardRecorder:
     def _ended(self, entry: ShardCollective | None, work: Any, start: float) -> None:
         if entry is None:
             return
+        if entry.events is not None:
+            if work is None:  # CUDA, blocking: the current stream now waits for the collective
+                entry.events = (entry.events[0], _event())
+                return
+            entry.events = None  # CUDA, asynchronous: NCCL's future, by the host's clock
         if work is None:  # blocking: it has ended
             entry.end_s = time.perf_counter() - start
             return
@@ -212,8 +276,8 @@ class _RecordedAllGather(_Recorded, AllGather):
                  async_op: bool = False) -> dist.Work | None:
         rec = self.recorder
         entry = rec._note(AG, self.unit, _nbytes(output_tensor))
-        start = rec.steps[-1].start if rec.steps else 0.0
-        work = dist.all_gather_single(output_tensor, input_tensor, group=group, async_op=async_op)
+        start = rec._steps[-1].start if rec._steps else 0.0
+        work = _all_gather(output_tensor, input_tensor, group=group, async_op=async_op)
         rec._ended(entry, work if async_op else None, start)
         rec._gathered.append(weakref.ref(output_tensor))  # held until FSDP2 copies it out and drops it
         rec.sample()
@@ -234,7 +298,7 @@ class _RecordedReduceScatter(_Recorded, ReduceScatter):
                  op: Any, async_op: bool = False) -> dist.Work | None:
         rec = self.recorder
         entry = rec._note(RS, self.unit, _nbytes(input_tensor))
-        start = rec.steps[-1].start if rec.steps else 0.0
-        work = dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
+        start = rec._steps[-1].start if rec._steps else 0.0
+        work = _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         rec._ended(entry, work if async_op else None, start)
         return work

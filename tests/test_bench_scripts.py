@@ -64,6 +64,11 @@ def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
     assert result["ok"] and result["device"].startswith("cpu")
     names = [(c["check"], c["model"]) for c in result["checks"]]
     assert ("profile", "tiny_cnn") in names and ("compiled", "tiny_gpt") in names
-    assert {c["check"] for c in result["checks"]} == {"profile", "wrap-barrier", "wrap-overlap", "wrap-osp", "compiled"}
+    assert {c["check"] for c in result["checks"]} == {"profile", "wrap-barrier", "wrap-overlap", "wrap-osp", "compiled",
+                                                      "shard-per-block-deeper", "shard-size", "shard-recorder"}
+    compiled = next(c for c in result["checks"] if c["check"] == "compiled")
+    assert compiled["rel_diff"] == 0.0 and compiled["control_rel_diff"] == 0.0  # torch.compile's control ran too
+    recorded = next(c for c in result["checks"] if c["check"] == "shard-recorder")["collectives"]
+    assert [kind for kind, _, _ in recorded] == ["all-gather", "reduce-scatter"]
     assert all(c["chunked_buckets"] >= 1 for c in result["checks"] if c["check"].startswith("wrap"))
     assert all(c["stage2_params"] >= 1 for c in result["checks"] if c["check"] == "wrap-osp")

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING, Any
 
 from schedopt.errors import SolverError
 from schedopt.orders import engine_order
@@ -43,6 +41,9 @@ from schedopt.problem import Problem
 from schedopt.shard_sim import peak_memory, sharded_lower_bound
 from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 from ..fsdp import atoms, block_groups, build_units
 from ..registry import SOLVERS, solvers_for
@@ -132,6 +133,8 @@ class _Model:
 
     def __init__(self, problem: Problem, data: _Data, options: ShardedOptions, tick_s: float,
                  budget: float | None) -> None:
+        from ortools.sat.python import cp_model  # imported where used: the solvers' heuristics run without it
+
         self.problem, self.data, self.options, self.tick, self.budget = problem, data, options, tick_s, budget
         self.m = cp_model.CpModel()
         self.cost = lambda nbytes, kind="all-gather": max(1, round(problem.cluster.shard_collective_s(nbytes, kind)
@@ -331,7 +334,7 @@ class _Model:
                     self.m.AddHint(self.fr[kk, qq], qq == q and u.reshard_after_forward)
         return True
 
-    def read(self, solver: cp_model.CpSolver) -> list[list[Any]]:
+    def read(self, solver: "cp_model.CpSolver") -> list[list[Any]]:
         """(modules, reshard, forward issue atom, backward issue atom) per chosen unit, forward order."""
         d, out = self.data, []
         for k, c in enumerate(d.candidates):
@@ -449,6 +452,8 @@ def _asynchronous(problem: Problem, plan: Plan) -> Plan:
 
 def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring)."""
+    from ortools.sat.python import cp_model
+
     started = time.perf_counter()
     best = _asynchronous(problem, _best_baseline(problem))
     if problem.graph.modules is not None:
