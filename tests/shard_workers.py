@@ -87,6 +87,7 @@ def against_fsdp2_and_ddp(rank: int, world: int, name: str, plan, steps: int = 5
         "plan_vs_ddp": [_worst(state["plan"][i], state["ddp"][i]) for i in (0, 1)],
         "plan_vs_per_block": [_worst(state["plan"][i], state["per_block"][i]) for i in (0, 1)],
         "grads_vs_ddp": [_worst(a, b) for a, b in zip(grads["plan"], grads["ddp"])],
+        "per_block_grads_vs_ddp": [_worst(a, b) for a, b in zip(grads["per_block"], grads["ddp"])],
         "params_vs_ddp_norm": _norm_relative(state["plan"][0], state["ddp"][0]),
         **({"rebucketed_vs_ddp": [_worst(state["ddp_rebucketed"][i], state["ddp"][i]) for i in (0, 1)],
             "rebucketed_vs_ddp_norm": _norm_relative(state["ddp_rebucketed"][0], state["ddp"][0]),

@@ -74,7 +74,9 @@ def test_parameters_and_optimizer_state_equal_fsdp2_and_ddp_bit_for_bit_on_2_ran
 def test_on_3_ranks_within_1e_6_of_fsdp2_and_as_close_to_ddp_as_ddp_to_itself():
     """On 3 ranks gloo's three-way sums depend on where a gradient sits in the collective's buffer.
     Against FSDP2 per block the parameters and optimizer state agree within 1e-6 (relative to each
-    tensor's largest entry), and every step's gradients within 1e-6 of DDP's. The parameters after 5
+    tensor's largest entry), and every step's gradients within 1e-6 of DDP's or no further from them
+    than FSDP2's own (on one machine FSDP2 per block's were 1.5e-6 from DDP's, and the plan's the
+    same to the bit: reduce-scatter and all-reduce sum and divide in other orders). The parameters after 5
     AdamW steps do not agree with DDP's within 1e-6, and neither do torch's own DDP's with other
     buckets: Adam divides by the root of the squared gradients' average, which turns a gradient that
     is zero but for rounding (the attention's key bias: softmax ignores it) into a whole step whose
@@ -84,7 +86,9 @@ def test_on_3_ranks_within_1e_6_of_fsdp2_and_as_close_to_ddp_as_ddp_to_itself():
     name, plan = CASES["tiny_gpt units of several modules"](3)
     for r in run_ranks(workers.against_fsdp2_and_ddp, 3, name, plan, rebucketed_ddp=True, timeout_s=150):
         assert all(rel <= 1e-6 for _, rel in r["plan_vs_per_block"]), r["plan_vs_per_block"]
-        assert all(rel <= 1e-6 for _, rel in r["grads_vs_ddp"]), r["grads_vs_ddp"]
+        fsdp2 = r["per_block_grads_vs_ddp"]  # torch's own FSDP2 against DDP, step by step
+        assert all(ours <= max(1e-6, theirs) for (_, ours), (_, theirs) in zip(r["grads_vs_ddp"], fsdp2)), (
+            r["grads_vs_ddp"], fsdp2)
         torch_own = r["rebucketed_vs_ddp"][0][1]
         assert torch_own > 1e-6, "torch's DDP agrees with itself: the tolerance below can be 1e-6"
         for ours, theirs in zip(r["plan_vs_ddp"], r["rebucketed_vs_ddp"]):  # parameters, optimizer state
