@@ -14,6 +14,8 @@ why); CP-SAT gets them as ``T >=`` constants and reports the best when it proves
 
 from __future__ import annotations
 
+import collections
+
 import time
 from dataclasses import dataclass
 
@@ -335,7 +337,14 @@ def pieces(units: list[int], key: list[int], cost: list[int], delta: float) -> t
 def bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
                  head: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Prefix volumes and ``end[i]``: the least end of buckets sending the first i pieces (pieces
-    ready at ``r``), -inf for none. ``head``: ``end`` of a shorter stream this one extends."""
+    ready at ``r``), -inf for none. ``head``: ``end`` of a shorter stream this one extends.
+
+    ``end[i] = min over j < i of max(end[j], r[i-1]) - volume[j] + call + volume[i]``. With ``r``
+    rising (every caller's pieces are in ready order) ``end`` rises too, so the j with
+    ``end[j] < r[i-1]`` are a prefix [0, p): there the term is ``r[i-1] - volume[j]``, least at the
+    prefix's last j; beyond it, ``end[j] - volume[j]``, whose least over the window [p, i) a
+    monotone queue keeps. The same terms as the formula's, so the same floats, in O(n).
+    """
     volume = np.concatenate([[0.0], np.cumsum(c)])
     end = np.empty(len(r) + 1)
     end[0] = -np.inf  # nothing sent: no bucket
@@ -343,9 +352,30 @@ def bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
     if head is not None:
         end[:len(head)] = head
         first = len(head)
-    for i in range(first, len(r) + 1):
-        end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
-    return volume, end
+    if np.any(np.diff(r) < 0):
+        for i in range(first, len(r) + 1):
+            end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
+        return volume, end
+    ends, vol, ready = end.tolist(), volume.tolist(), r.tolist()
+    window: collections.deque[int] = collections.deque()  # j in [p, i), end[j] - volume[j] rising
+    p = 0
+    for i in range(1, len(ready) + 1):
+        j = i - 1  # j joins the candidates
+        while window and ends[window[-1]] - vol[window[-1]] >= ends[j] - vol[j]:
+            window.pop()
+        window.append(j)
+        if i < first:
+            continue
+        at = ready[i - 1]
+        while p < i and ends[p] < at:  # j = p moves to the prefix
+            p += 1
+        while window and window[0] < p:
+            window.popleft()
+        best = at - vol[p - 1] if p > 0 else np.inf
+        if window:
+            best = min(best, ends[window[0]] - vol[window[0]])
+        ends[i] = best + call + vol[i]
+    return volume, np.array(ends)
 
 
 def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], call: int,
@@ -420,9 +450,8 @@ def _group_side(g1: list[int], g2: list[int], key: list[int], cost: list[int], d
     y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
     # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
     # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y
-    from_g1 = np.empty((len(rows), len(r2)))
-    for k, n in enumerate(rows):
-        from_g1[k] = (np.maximum(end1[:n + 1, None], r2[None, :]) - vol1[:n + 1, None]).min(axis=0)
+    # (row by row, the least over j <= row: a running minimum over j, read at the rows)
+    from_g1 = np.minimum.accumulate(np.maximum(end1[:, None], r2[None, :]) - vol1[:, None], axis=0)[rows]
     ends = np.empty((len(rows), len(r2) + 1))
     ends[:, 0] = end1[rows]
     for i in range(1, len(r2) + 1):
