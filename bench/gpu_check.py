@@ -113,17 +113,24 @@ def check_profile(name: str, device: torch.device) -> dict:
             "num_ops": len(graph.ops), "seconds": time.perf_counter() - started}
 
 
-def check_wrap(name: str, device: torch.device) -> list[dict]:
-    from schedopt.runtime import wrap
+def on_device(name: str, device: torch.device, *, batches: int, seed: int) -> tuple:
+    """(model, example, loss_fn, batches): the example model from ``SEED`` on ``device``, and
+    ``batches`` new batches drawn from ``SEED + seed``."""
     from train import batch, load
 
     torch.manual_seed(SEED)
     model, example, loss_fn = load(f"examples/models.py:{name}", None)
     model.to(device)
     example = tuple(x.to(device) for x in example)
+    generator = torch.Generator().manual_seed(SEED + seed)
+    return model, example, loss_fn, [batch(example, generator, device) for _ in range(batches)]
+
+
+def check_wrap(name: str, device: torch.device) -> list[dict]:
+    from schedopt.runtime import wrap
+
+    model, example, loss_fn, batches = on_device(name, device, batches=STEPS, seed=1)
     plans = plans_for(name, example, loss_fn, model)
-    generator = torch.Generator().manual_seed(SEED + 1)
-    batches = [batch(example, generator, device) for _ in range(STEPS)]
     reference, _ = train(torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model)), batches, loss_fn)
     out = []
     for mode, plan in plans.items():
@@ -149,15 +156,9 @@ def check_compiled(name: str, device: torch.device) -> dict:
     ``torch.compile(DDP(model), backend="aot_eager")`` is (``control_rel_diff``).
     """
     from schedopt.runtime import compile as compile_plan
-    from train import batch, load
 
-    torch.manual_seed(SEED)
-    model, example, loss_fn = load(f"examples/models.py:{name}", None)
-    model.to(device)
-    example = tuple(x.to(device) for x in example)
+    model, example, loss_fn, batches = on_device(name, device, batches=3, seed=2)
     plan = plans_for(name, example, loss_fn, model)["barrier"]
-    generator = torch.Generator().manual_seed(SEED + 2)
-    batches = [batch(example, generator, device) for _ in range(3)]
     ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model))
     runs = {"ours": compile_plan(copy.deepcopy(model), plan),
             "control": torch.compile(torch.nn.parallel.DistributedDataParallel(copy.deepcopy(model)),
@@ -216,15 +217,9 @@ def check_shard(name: str, device: torch.device) -> list[dict]:
 
     from schedopt.runtime import records, shard
     from schedopt.runtime.sharded import per_block_units
-    from train import batch, load
 
-    torch.manual_seed(SEED)
-    model, example, loss_fn = load(f"examples/models.py:{name}", None)
-    model.to(device)
-    example = tuple(x.to(device) for x in example)
+    model, example, loss_fn, batches = on_device(name, device, batches=STEPS, seed=3)
     plans = sharded_plans(model, example, loss_fn, name)
-    generator = torch.Generator().manual_seed(SEED + 3)
-    batches = [batch(example, generator, device) for _ in range(STEPS)]
     whole = lambda m: [(p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for p in m.parameters()]
 
     def adamw(m: torch.nn.Module) -> list:
