@@ -154,7 +154,11 @@ class ShardRecorder:
         return self._steps
 
     def _resolve(self, wait: bool) -> None:
-        while self._unresolved < len(self._steps) and self._steps[self._unresolved].resolve(wait):
+        """Resolve the steps from the first with unresolved events on; the last step stays open (its
+        collectives may not all be issued yet)."""
+        while self._unresolved < len(self._steps):
+            if not self._steps[self._unresolved].resolve(wait) or self._unresolved == len(self._steps) - 1:
+                return
             self._unresolved += 1
 
     def begin_step(self, *_: Any) -> None:
