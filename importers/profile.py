@@ -157,7 +157,6 @@ class _Stopwatch:
     def __init__(self, cuda: bool) -> None:
         import torch
 
-        self.cuda = cuda
         self._event = (lambda: torch.cuda.Event(enable_timing=True)) if cuda else None
         self._sync = torch.cuda.synchronize if cuda else (lambda: None)
 

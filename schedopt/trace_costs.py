@@ -93,6 +93,10 @@ def _outermost(spans: list[tuple[str, float, float, Any]]) -> list[tuple[str, fl
     return out
 
 
+def _when(launch: tuple[float, Any]) -> float:
+    return launch[0]
+
+
 class _Clock:
     """How long a traced op took: on CPU its own span; on CUDA the device time of the kernels, copies
     and memsets it launched (``cudaLaunchKernel`` and the like, paired with the device's events by
@@ -113,14 +117,13 @@ class _Clock:
                 if corr in device and span is not None:
                     self.launches.setdefault(e.get("tid"), []).append((span.start, device[corr]))
         for launches in self.launches.values():
-            launches.sort(key=lambda x: x[0])
-        self.times = {tid: [t for t, _ in ls] for tid, ls in self.launches.items()}
+            launches.sort(key=_when)
 
     def device_spans(self, tid: Any, start: float, end: float) -> list[tuple[float, float]]:
         """The device's spans of what thread ``tid`` launched between ``start`` and ``end``."""
-        times = self.times.get(tid, [])
-        lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
-        return [s for _, spans in self.launches.get(tid, [])[lo:hi] for s in spans]
+        launches = self.launches.get(tid, [])
+        lo, hi = bisect.bisect_left(launches, start, key=_when), bisect.bisect_right(launches, end, key=_when)
+        return [s for _, spans in launches[lo:hi] for s in spans]
 
     def took(self, tid: Any, span: Span) -> float:
         if not self.cuda:
@@ -141,14 +144,14 @@ def _step_ops(events: list[dict], window: tuple[float, float], tid: Any, clock: 
     backward = min((s.start for s, _ in engine), default=window[1])
     threads = {tid} | {t for _, t in engine}
     optimizer = min((s.start for s, t in inside if t == tid and s.name.startswith("Optimizer.")), default=window[1])
-    aten = [(s.name.replace("::", ".", 1), s.start, s.end, (t, s)) for s, t in inside
-            if t in threads and s.name.startswith("aten::") and s.start < optimizer]
-    out: dict[tuple[str, str], list[float]] = {}
+    out: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for thread in threads:
-        for kind, start, _, (t, span) in _outermost([a for a in aten if a[3][0] == thread]):
-            phase = "forward" if start < backward and t == tid else "backward" if start >= backward else None
+        aten = [(s.name.replace("::", ".", 1), s.start, s.end, s) for s, t in inside
+                if t == thread and s.name.startswith("aten::") and s.start < optimizer]
+        for kind, start, _, span in _outermost(aten):
+            phase = "backward" if start >= backward else "forward" if thread == tid else None
             if phase is not None:
-                out.setdefault((kind, phase), []).append((start, clock.took(t, span)))
+                out.setdefault((kind, phase), []).append((start, clock.took(thread, span)))
     ordered = {key: [took for _, took in sorted(v)] for key, v in out.items()}
     if clock.cuda:
         busy = [d for t in threads for d in clock.device_spans(t, window[0], optimizer)]

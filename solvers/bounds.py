@@ -15,7 +15,6 @@ why); CP-SAT gets them as ``T >=`` constants and reports the best when it proves
 from __future__ import annotations
 
 import collections
-
 import time
 from dataclasses import dataclass
 
@@ -353,9 +352,7 @@ def bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
         end[:len(head)] = head
         first = len(head)
     if np.any(np.diff(r) < 0):
-        for i in range(first, len(r) + 1):
-            end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
-        return volume, end
+        return volume, _bucket_ends_direct(r, volume, call, end, first)
     ends, vol, ready = end.tolist(), volume.tolist(), r.tolist()
     window: collections.deque[int] = collections.deque()  # j in [p, i), end[j] - volume[j] rising
     p = 0
@@ -376,6 +373,13 @@ def bucket_ends(r: np.ndarray, c: np.ndarray, call: int,
             best = min(best, ends[window[0]] - vol[window[0]])
         ends[i] = best + call + vol[i]
     return volume, np.array(ends)
+
+
+def _bucket_ends_direct(r: np.ndarray, volume: np.ndarray, call: int, end: np.ndarray, first: int) -> np.ndarray:
+    """:func:`bucket_ends`' formula term by term, from ``end[first]`` on (``end`` filled before it)."""
+    for i in range(first, len(r) + 1):
+        end[i] = np.min(np.maximum(end[:i], r[i - 1]) - volume[:i]) + call + volume[i]
+    return end
 
 
 def coupled_channel_bound(release: list[int], tail: list[int], cost: list[int], call: int,

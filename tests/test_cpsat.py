@@ -549,3 +549,33 @@ def test_compiled_warm_starts_hold_every_heuristics_eager_plan():
             assert same and min(same) <= simulate(compiled, plan).iteration_s * (1 + 1e-12), name
     best_eager = min(SOLVERS[name](eager, time_limit_s=1).predicted.iteration_s for name in solvers_for("barrier"))
     assert get("cpsat")(compiled, time_limit_s=5).predicted.iteration_s <= best_eager * (1 + 1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ready=st.lists(st.integers(0, 50), min_size=1, max_size=30), data=st.data())
+def test_bucket_ends_in_linear_time_equals_its_formula(ready, data):
+    """The monotone-queue path of bucket_ends gives the formula's floats exactly, alone and extending a
+    shorter stream's ends (as the ready-time bound calls it); ready times out of order take the formula."""
+    from schedopt.solvers.bounds import _bucket_ends_direct, bucket_ends
+
+    n = len(ready)
+    r = np.array(sorted(ready), dtype=np.float64)
+    c = np.array(data.draw(st.lists(st.floats(0, 10), min_size=n, max_size=n)), dtype=np.float64)
+    call = data.draw(st.integers(0, 5))
+
+    def direct(r, c, head=None):
+        volume = np.concatenate([[0.0], np.cumsum(c)])
+        end = np.empty(len(r) + 1)
+        end[0] = -np.inf
+        if head is not None:
+            end[:len(head)] = head
+        return _bucket_ends_direct(r, volume, call, end, 1 if head is None else len(head))
+
+    full = bucket_ends(r, c, call)[1]
+    assert np.array_equal(full, direct(r, c))
+    if n > 1:
+        w = data.draw(st.integers(0, n - 1))
+        rest = bucket_ends(np.delete(r, w), np.delete(c, w), call, head=full[:w + 1])[1]
+        assert np.array_equal(rest, direct(np.delete(r, w), np.delete(c, w), head=full[:w + 1]))
+    shuffled = np.array(data.draw(st.permutations(list(r))), dtype=np.float64)
+    assert np.array_equal(bucket_ends(shuffled, c, call)[1], direct(shuffled, c))

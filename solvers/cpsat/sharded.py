@@ -42,11 +42,11 @@ from schedopt.shard_sim import peak_memory, sharded_lower_bound
 from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
 
-if TYPE_CHECKING:
-    from ortools.sat.python import cp_model
-
 from ..fsdp import atoms, block_groups, build_units
 from ..registry import SOLVERS, solvers_for
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 __all__ = ["solve_sharded", "ShardedOptions"]
 
