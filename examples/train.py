@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from schedopt.errors import SchedoptError
     from schedopt.runtime import compile as compile_plan
-    from schedopt.runtime import records, shard, wrap, wrap_optimizer
+    from schedopt.runtime import wrap, wrap_optimizer
 
     if args.ddp + args.shard + args.fsdp > 1 or args.compile and (args.shard or args.fsdp):
         print("train.py: choose one of --ddp, --shard and --fsdp (--compile goes with a bucketed plan or --ddp)",
@@ -179,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                     p.register_post_accumulate_grad_hook(lambda _, cell=last_grad: cell.__setitem__(0, time.perf_counter()))
         plan = None if args.ddp or args.fsdp else os.environ.get("SCHEDOPT_PLAN")
         if args.shard or args.fsdp:
+            from schedopt.runtime import shard  # FSDP2's imports, only where it runs
+
             if args.fsdp:
                 os.environ.pop("SCHEDOPT_PLAN", None)
             ddp_model = shard(model)
@@ -231,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             profiler.step()
         profiler.__exit__(None, None, None)
         getattr(ddp_model, "flush", lambda: None)()  # overlap mode: the last step's updates
-        recorder = records(ddp_model)  # sharded: FSDP2's collectives and memory, per step
+        recorder = None
+        if args.shard or args.fsdp:
+            from schedopt.runtime import records
+
+            recorder = records(ddp_model)  # FSDP2's collectives and memory, per step
         sharded = [] if recorder is None else recorder.steps[args.warmup:args.warmup + args.steps]
         channel = getattr(ddp_model, "channel", None)  # gloo, overlap and osp: the link's use, rank 0
         transfers = [[t.numel, t.queued_s, t.started_s, t.done_s] for t in channel.history] if channel else []

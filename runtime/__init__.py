@@ -14,8 +14,16 @@ from .agreement import check_agreement, plan_hash
 from .compiled import CompiledDataParallel, compile
 from .optimizer import wrap_optimizer
 from .replica import PLAN_ENV
-from .sharded import records, shard
 from .wrapper import ScheduledDataParallel, wrap
 
 __all__ = ["PLAN_ENV", "CompiledDataParallel", "ScheduledDataParallel", "compile", "check_agreement", "plan_hash", "records", "shard",
            "wrap", "wrap_optimizer"]
+
+
+def __getattr__(name: str):
+    """``shard`` and ``records`` load FSDP2 and DTensor (a second of imports) only when asked for."""
+    if name in ("shard", "records"):
+        from . import sharded
+
+        return getattr(sharded, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
