@@ -8,7 +8,8 @@ sent out of ready order, which no heuristic tries, are where most of overlap
 mode's gain is. It runs in rounds; after each, the backward order becomes the
 *bucket-first* order of the buckets found (:func:`..common.bucket_first_order`)
 when that is faster, so gradients the search holds back also let their ops
-wait (GPT-2 small, 8 x 100 GbE: 119.2 -> 117.6 ms).
+wait (GPT-2 small, 8 x 100 GbE: 119.2 -> 117.6 ms), and in a compiled problem buckets are then held
+back behind the one the forward waits for, their ops with them (:mod:`..deferral`: 117.7 -> 115.8 ms).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from schedopt.simulate import simulate
 from ..bucketing import optimal_contiguous_buckets
 from ..caramel import caramel_order
 from ..common import bucket_first_order, split_chunks
+from ..deferral import defer_behind_anchor
 from ..overlap_search import SteadyState, improve_buckets
 from ..registry import SOLVERS
 from .config import CpsatOptions
@@ -149,21 +151,34 @@ def run_searches(jobs: list[tuple], processes: int, grace_s: float,
 def search_buckets(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,
                    time_s: float, options: CpsatOptions) -> list[tuple[list[str], list[list[str]], float]]:
     """Rounds of :func:`.overlap_search.improve_buckets` from one start, each followed by the
-    bucket-first order of what it found (kept when faster); every plan met, with its period."""
+    bucket-first order of what it found (kept when faster) and, in a compiled problem, by
+    :func:`..deferral.defer_behind_anchor` (``search_deferral_share`` of the round's time); every
+    plan met, with its period."""
     found = []
+    deferral = options.search_deferral_share if problem.reorders else 0.0
     for k, share in enumerate(options.search_round_shares):
         state = SteadyState(problem, order)
         evaluations = min(options.search_evaluations, options.search_evaluations_per_unit * len(state.units))
         result, _ = improve_buckets(state, state.ready_order_buckets(buckets),
                                     max_evaluations=max(1, int(share * evaluations)), seed=seed + k,
-                                    time_limit_s=share * time_s, accept_worse=options.search_accept_worse,
-                                    kick_moves=options.search_kick_moves)
+                                    time_limit_s=(1 - deferral) * share * time_s,
+                                    accept_worse=options.search_accept_worse, kick_moves=options.search_kick_moves)
         buckets = state.names(result)
         candidates = [order]
         if problem.reorders and (rerun := bucket_first_order(problem.graph, order, buckets)) != order:
             candidates.append(rerun)
         for candidate in candidates:
-            plan = Plan.for_problem(problem, order=candidate, buckets=buckets, solver=SolverInfo(name="search"))
-            found.append((candidate, buckets, simulate(problem, plan).iteration_s))
+            found.append((candidate, buckets, _period(problem, candidate, buckets)))
         order = min(found[-len(candidates):], key=lambda f: f[2])[0]
+        if deferral > 0:
+            held, held_buckets, _ = defer_behind_anchor(problem, order, buckets, time_limit_s=deferral * share * time_s)
+            if held_buckets != buckets:
+                found.append((held, held_buckets, _period(problem, held, held_buckets)))
+                if found[-1][2] < min(f[2] for f in found[:-1]):
+                    order, buckets = held, held_buckets
     return found
+
+
+def _period(problem: Problem, order: list[str], buckets: list[list[str]]) -> float:
+    plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name="search"))
+    return simulate(problem, plan).iteration_s
