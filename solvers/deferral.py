@@ -82,11 +82,12 @@ def _longest_wait(problem: Problem, order: list[str], buckets: list[list[str]]) 
 
 def _moves(buckets: list[list[str]], anchor: int, first: dict[str, int],
            unit: dict[str, tuple]) -> Iterator[list[list[str]]]:
-    """Every bucket before ``anchor`` sent after it; then every unit of one (unless alone) sent
-    after it alone, or joining the held-back bucket sent right before or after it by first reader."""
+    """Every bucket before ``anchor`` sent after it; then every unit of one, or of the anchor itself
+    (unless alone in its bucket), sent after it alone, or joining the held-back bucket sent right
+    before or after it by first reader."""
     for k in range(anchor):
         yield _held_back(buckets[:k] + buckets[k + 1:], anchor - 1, buckets[k], first)
-    for k in range(anchor):
+    for k in range(anchor + 1):
         keys = list(dict.fromkeys(unit[n] for n in buckets[k]))
         if len(keys) == 1:
             continue

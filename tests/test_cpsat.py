@@ -495,6 +495,8 @@ def test_options_and_stats_are_kept_apart():
 @pytest.mark.parametrize("options, message", [
     ({"tuning": {"search_orders": 0}}, "search_orders must be an integer from 1"),
     ({"tuning": {"search_round_shares": (0.5, 1.5)}}, "search_round_shares must be shares"),
+    ({"tuning": {"search_deferral_share": 1.0}}, r"search_deferral_share must be a share in \[0, 1\)"),
+    ({"tuning": {"search_deferral_share": True}}, "search_deferral_share must be a share"),
     ({"tuning": {"seed": 3}}, "no tuning 'seed'"),
     ({"tuning": {"horizon": 3}}, "no tuning 'horizon'"),
 ])
@@ -504,6 +506,12 @@ def test_bad_tuning_is_refused_naming_the_field(options, message):
     problem = Problem(execution="compiled", graph=chain(3), cluster=Cluster.preset("100gbe", world_size=8))
     with pytest.raises(SolverError, match=message):
         get("cpsat")(problem, **options)
+
+
+def test_the_deferral_turns_off_with_a_share_of_0():
+    from schedopt.solvers.cpsat.config import CpsatOptions
+
+    assert CpsatOptions.make({"search_deferral_share": 0}).search_deferral_share == 0
 
 
 def test_max_buckets_below_the_warm_start_is_refused_before_solving():

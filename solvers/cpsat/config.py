@@ -133,6 +133,10 @@ class CpsatOptions:
                 if not value or not all(_positive(s) and s <= 1 for s in value):
                     raise SolverError(f"cpsat option {f.name} must be shares in (0, 1], got {value!r}")
                 continue
+            if f.name == "search_deferral_share":  # 0 turns the deferral off
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                    raise SolverError(f"cpsat option {f.name} must be a share in [0, 1), got {value!r}")
+                continue
             if f.type.startswith("int"):
                 low = 0 if f.name == "seed" else 1
                 high = SEED_MAX if f.name == "seed" else math.inf
