@@ -32,7 +32,7 @@ hold for every bucketing.
 Time: each heuristic's own search gets 10% of the limit (only Caramel's
 chunk trials take long), the overlap bucket search 50% (its two starts in
 parallel processes when ``num_workers >= 2``), the barrier work profile at
-most 5% (5 s), the overlap relaxation 60% of what is left after the constant
+most 5% (5 s), the overlap relaxation 85% of what is left after the constant
 bounds, CP-SAT what is left; every phase gets at most what is left,
 so the call ends within the limit plus about 2 s. An overlap model of more
 than ``overlap_max_pairs`` (unit, bucket) pairs is not solved (CP-SAT's
