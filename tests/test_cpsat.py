@@ -508,10 +508,25 @@ def test_bad_tuning_is_refused_naming_the_field(options, message):
         get("cpsat")(problem, **options)
 
 
-def test_the_deferral_turns_off_with_a_share_of_0():
+def test_the_deferral_turns_off_with_a_share_of_0(monkeypatch):
+    """The bucket search's rounds call the deferral unless its share is 0 (or the order is the engine's)."""
+    from schedopt.solvers.cpsat import warm
     from schedopt.solvers.cpsat.config import CpsatOptions
 
-    assert CpsatOptions.make({"search_deferral_share": 0}).search_deferral_share == 0
+    calls = []
+    real = warm.defer_behind_anchor
+    monkeypatch.setattr(warm, "defer_behind_anchor", lambda *a, **k: calls.append(1) or real(*a, **k))
+    problem = Problem(execution="compiled", graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=8),
+                      mode="overlap")
+    start = get("pytorch-ddp")(problem)
+    args = (problem, list(start.order), [list(b.params) for b in start.buckets], 0, 1.0)
+    for share, expected in ((0, 0), (0.3, 3)):
+        calls.clear()
+        warm.search_buckets(*args, CpsatOptions.make({"search_deferral_share": share}))
+        assert len(calls) == expected
+    calls.clear()
+    warm.search_buckets(replace(problem, execution="eager"), *args[1:], CpsatOptions.make())
+    assert calls == []
 
 
 def test_max_buckets_below_the_warm_start_is_refused_before_solving():

@@ -76,7 +76,7 @@ class CpsatOptions:
     search_round_shares: tuple[float, ...] = (0.5, 0.25, 0.25)
     #: Overlap mode, compiled: the share of each round's time that holds buckets back behind the one
     #: the forward waits for, their ops with them (:mod:`..deferral`; GPT-2 small on 8 x 100 GbE:
-    #: 117.71 -> 115.78 ms from the search's local optimum).
+    #: 117.71 -> 115.84 ms from the search's local optimum).
     search_deferral_share: float = 0.3
     #: Overlap mode: a search process still running this long after its share of the time is killed.
     search_grace_s: float = 1.0
