@@ -9,7 +9,7 @@ why); CP-SAT gets them as ``T >=`` constants and reports the best when it proves
 - :func:`window_bound` (``overlap``): the work and bytes inside each gradient's transfer window.
 - :func:`channel_bound` (``overlap``): calls against channel idle at both ends of the period.
 - :func:`anchor_bound` (``overlap``): one large gradient, delayed by the work done before its
-  bucket starts or followed by the bytes that work leaves unready.
+  bucket starts or followed by the bytes that work leaves unready (:func:`late_calls`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-__all__ = ["BoundSettings", "DEFAULT_BOUNDS", "ClosureKnapsack", "WorkProfile", "anchor_bound", "bucket_ends", "channel_bound", "closure_hull",
+__all__ = ["BoundSettings", "DEFAULT_BOUNDS", "ClosureKnapsack", "WorkProfile", "anchor_bound", "bucket_ends", "late_calls", "channel_bound", "closure_hull",
            "coupled_channel_bound", "pieces", "profile_bound", "ready_time_bound", "window_bound", "work_profile"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -503,17 +503,19 @@ def anchor_bound(*, op_ticks: list[int], edges: set[tuple[int, int]], items: lis
 
         T >= release[a] + X + call + c[a] + tail[a]                                  (a's cycle)
 
-    and the bytes not ready by S, at least ``c(others) - P(X)``, go in later buckets:
+    and the bytes not ready by S, at least ``c(others) - P(X)``, go in later buckets, after a's on
+    the channel, each call delivering its bytes when it ends (:func:`late_calls`, L):
 
-        T >= release[a] + X + 2 call + c[a] + c(others) - P(X) + least tail of the others
+        T >= release[a] + X + call + c[a] + max(tail[a], L(c(others) - P(X)))
 
     P(X), the most bytes of the other parameters any closed set of ops holding a's ancestors and X
     more work finishes, is a knapsack: CP-SAT's proven upper bound (``point_det_s`` deterministic
     seconds each) on ``points`` values of X (between points the lower X for the first line, the
     higher for P). T is at least the least, over X, of the larger line. GPT-2's tied embedding:
     finished last, read first, 24 ms on 64 x 100 GbE; doing the other layers' weight-gradient ops
-    before it delays it, leaving them for later queues their 54 ms of bytes behind it (116.2 ->
-    117.8 ms over the window bound). The ``anchors`` parameters with the largest
+    before it delays it, leaving them for later queues their 54 ms of bytes behind it, in calls
+    that each pay the call and deliver by the earliest reader they carry (116.2 -> 118.3 ms over
+    the window bound; 117.8 with every late byte in one call delivered at the least tail). The ``anchors`` parameters with the largest
     ``release + c + tail`` are tried. None when ``time.perf_counter()`` passes ``until`` first.
     """
     if not items:
@@ -540,12 +542,45 @@ def anchor_bound(*, op_ticks: list[int], edges: set[tuple[int, int]], items: lis
             if until is not None and time.perf_counter() > until:
                 return None
             most.append(ready + knapsack.most_bytes(int(x)))
-        c_others, tail_others = sum(cost[i] for i in others), min(tail[i] for i in others)
-        lines = []
-        for k in range(points):
-            cycle = release[a] + grid[k] + call_ticks + cost[a] + tail[a]
-            late = c_others - most[k + 1]
-            queued = (release[a] + grid[k] + 2 * call_ticks + cost[a] + late + tail_others) if late > 0 else 0
-            lines.append(max(cycle, queued))
+        c_others = sum(cost[i] for i in others)
+        tails, costs = [tail[i] for i in others], [cost[i] for i in others]
+        # the anchor's call, then the bytes its start leaves unready in calls of their own
+        lines = [release[a] + grid[k] + call_ticks + cost[a]
+                 + max(tail[a], late_calls(tails, costs, c_others - most[k + 1], call_ticks)) for k in range(points)]
         best = max(best, int(np.floor(min(lines))))
     return best
+
+
+def late_calls(tails: list[int], costs: list[int], late: float, call: int) -> float:
+    """The least ``max(end of its call + tail)`` over items sent in calls one after another from time 0,
+    each call ``call`` plus its bytes, over every choice of items whose bytes add to ``late`` or more
+    (0 when ``late <= 0``).
+
+    A lower bound computed exactly on a relaxation: items may be cut anywhere, so the cheapest choice
+    takes the bytes with the least tails (moving bytes to a smaller tail ends no call later and lowers
+    no call's largest tail), and the calls go in order of decreasing tail, each a run of that order
+    (Webster and Baker's exchange for batches that deliver when they end); a call starts where a tail
+    changes. Over ``k`` calls, ``g_k[j]``: the least max over the first ``j`` groups of equal tail.
+    """
+    if late <= 0:
+        return 0.0
+    by_tail: dict[int, float] = collections.defaultdict(float)
+    for t, c in sorted(zip(tails, costs)):  # smallest tails first, until the late bytes are covered
+        if late <= 0:
+            break
+        by_tail[t] += min(c, late)
+        late -= c
+    tau = np.array(sorted(by_tail, reverse=True), dtype=np.float64)  # groups, largest tail first
+    end = np.cumsum([by_tail[t] for t in sorted(by_tail, reverse=True)])
+    m = len(tau)
+    lower = np.tril(np.ones((m, m), dtype=bool))  # [j, i]: group i can start the call that ends with group j
+    opens = np.concatenate([[0.0], np.full(m - 1, np.inf)])  # g_{k-1} before group i: no groups sent yet
+    best = np.inf
+    for k in range(1, m + 1):
+        if k * call + end[-1] >= best:
+            break
+        # a k-th call of groups i..j: max(g_{k-1} over the groups before i, its end + tau[i])
+        g = np.where(lower, np.maximum(opens[None, :], k * call + end[:, None] + tau[None, :]), np.inf).min(axis=1)
+        best = min(best, g[-1])
+        opens = np.concatenate([[np.inf], g[:-1]])
+    return float(best)

@@ -16,6 +16,7 @@ from schedopt.backward import ForwardOp, ParamSpec, training_graph
 from schedopt.cost import DeviceSpec
 from schedopt.plan import SolverInfo
 from schedopt.solvers import SOLVERS, get, solvers_for
+from schedopt.solvers.bounds import late_calls
 from schedopt.solvers.cpsat import coarsen
 from schedopt.synthetic import branches, chain, diamond, transformer_like
 
@@ -402,6 +403,52 @@ def test_anchor_bound_weighs_deferring_weight_gradients_against_the_tied_embeddi
     model, tick_s = _overlap_model(problem, list(plan.order))
     assert model.anchor_bound > model.window_bound * 1.01
     assert model.anchor_bound * tick_s <= get("cpsat")(problem, time_limit_s=3).predicted.iteration_s
+
+
+def _ordered_partitions(items: list[int]):
+    """Every way to send ``items`` in calls, one after another (the calls' order counts)."""
+    if not items:
+        yield []
+        return
+    for size in range(1, len(items) + 1):
+        for first in itertools.combinations(items, size):
+            rest = [i for i in items if i not in first]
+            for tail in _ordered_partitions(rest):
+                yield [list(first), *tail]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(items=st.lists(st.tuples(st.integers(0, 50), st.integers(1, 30)), min_size=1, max_size=5),
+       call=st.integers(0, 20), share=st.floats(0.01, 1.0))
+def test_late_calls_never_exceeds_any_choice_of_late_items_in_any_calls(items, call, share):
+    """Every set of items holding the late bytes, sent in every order of calls: none ends, with its
+    tails, before late_calls says (which takes the least tails first, cut anywhere, in runs of
+    decreasing tail)."""
+    tails, costs = [t for t, _ in items], [c for _, c in items]
+    late = share * sum(costs)
+    bound = late_calls(tails, costs, late, call)
+    best = np.inf
+    for size in range(1, len(items) + 1):
+        for chosen in itertools.combinations(range(len(items)), size):
+            if sum(costs[i] for i in chosen) < late:
+                continue
+            for calls in _ordered_partitions(list(chosen)):
+                clock, worst = 0, 0
+                for group in calls:
+                    clock += call + sum(costs[i] for i in group)
+                    worst = max(worst, clock + max(tails[i] for i in group))
+                best = min(best, worst)
+    assert bound <= best + 1e-9
+    if share == 1.0:  # every item late, none cut: the calls' best is an exact batching
+        assert bound == pytest.approx(best)
+
+
+def test_late_calls_pays_a_call_per_reader_it_must_meet():
+    """Two late items, 10 bytes each, read 30 and 0 before the period ends: one call delivers both at
+    2 + 20 + 30 = 52; two calls, the first read first, 2 + 10 + 30 = 42 and 4 + 20 + 0 = 24."""
+    assert late_calls([30, 0], [10, 10], 20, 2) == 42
+    assert late_calls([30, 0], [10, 10], 10, 2) == 12  # the least tail's 10 bytes: 2 + 10 + 0
+    assert late_calls([30, 0], [10, 10], 0, 2) == 0
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
