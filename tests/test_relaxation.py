@@ -26,6 +26,16 @@ def test_a_call_waits_for_the_work_of_every_gradient_it_carries():
 def test_no_call_fits_under_the_upper_bound():
     # 2 x 5 bytes + a call of 1 cannot end before 11: nothing beats an upper bound of 11
     assert max_calls([(0, 0, 0, 5), (1, 0, 0, 5)], 1, 11) == 0
+
+
+def test_the_calls_fit_between_the_earliest_release_and_the_least_tail():
+    """Released at 3 and 4, tails 2 and 6, 10 bytes, calls of 1: k calls end no earlier than
+    3 + k + 10 and are followed by 2 more: under 20 at most 4 calls fit, and two items make 2 at most."""
+    items = [(0, 3, 2, 5), (1, 4, 6, 5)]
+    assert max_calls(items, 1, 20) == 2  # min(items, (20 - 3 - 10 - 2 - 1) // 1 = 4)
+    assert max_calls(items, 1, 17) == 1
+    assert max_calls(items, 1, 16) == 0
+    assert relax(items, [3, 1], {(0, 1)}, 1, upper=16, seconds=1).bound == 16
     assert relax([(0, 0, 0, 5), (1, 0, 0, 5)], [1, 1], set(), 1, upper=11, seconds=1).bound == 11
 
 
