@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -348,8 +349,16 @@ def _row(name: str, mode: str) -> TestbedRow:
     return next(r for r in testbed_rows(name) if r.mode == mode)
 
 
+def _rate(name: str) -> str:
+    """The link rate a testbed result ran at, as people write it (``701mbit`` -> ``701 Mbit/s``)."""
+    rate = rows_of(load(f"{name}.json"))[0]["rate"]
+    return re.sub(r"^(\d+(?:\.\d+)?)mbit$", r"\1 Mbit/s", rate)
+
+
 def _testbed_headline(what: str, name: str, mode: str, against: str | None = None) -> list[str]:
+    """A headline row; ``{rate}`` in ``what`` becomes the result's own link rate."""
     row = _row(name, mode)
+    what = what.format(rate=_rate(name))
     names = {None: "DDP", "fsdp": "FSDP2 per block"}
     return [what, f"{row.speedup_vs[against or 'ddp']:.3f}x {names.get(against, against)}, predicted {row.error:+.1%}",
             f"`{name}`"]
@@ -378,17 +387,17 @@ def headline_rows() -> list[list[str]]:
         ["the engine's op order against a free one (simulated, best plan each)",
          f"at most {max(ratios) - 1:.1%} slower, median {statistics.median(ratios) - 1:.1%}",
          "`execution_value.json`"],
-        _testbed_headline("ResNet-18, overlap, 2 ranks at the balanced rate, 734 Mbit/s (measured; predicted from the "
+        _testbed_headline("ResNet-18, overlap, 2 ranks at the balanced rate, {rate} (measured; predicted from the "
                           "profile on every rank, interference measured on the model)",
-                          "testbed_resnet18_balanced_model_run3", "overlap"),
-        _testbed_headline("gpt_tied, osp, 2 ranks at the balanced rate, 337 Mbit/s (measured)",
-                          "testbed_gpt_tied_balanced_model_run3", "osp"),
-        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_balanced_model_run3", "osp",
+                          "testbed_resnet18_balanced_model_run4", "overlap"),
+        _testbed_headline("gpt_tied, osp, 2 ranks at the balanced rate, {rate} (measured)",
+                          "testbed_gpt_tied_balanced_model_run4", "osp"),
+        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_balanced_model_run4", "osp",
                           "overlap"),
         _testbed_headline("ResNet-18, compiled runtime with a free-order plan, over torch.compile + DDP (measured)",
                           "testbed_resnet18_550mbit_compiled_order", "compiled", "compiled-ddp"),
         _testbed_headline("gpt_tied, a cpsat sharded plan through FSDP2 over FSDP2 per block, within its memory, "
-                          "2 ranks at 400 Mbit/s (measured)", "testbed_gpt_tied_400mbit_sharded", "sharded", "fsdp"),
+                          "2 ranks at {rate} (measured)", "testbed_gpt_tied_400mbit_sharded", "sharded", "fsdp"),
         [f"`schedopt diagnose` on traced testbed runs ({d['models']}; DDP and a cpsat overlap plan, 2 ranks)",
          f"exposed communication within {d['exposure']:.1%} of the step of what the runs measured; DDP's step "
          f"predicted within {d['step']:.1%}, the plan's gain within {d['gain']:.1%}", "`diagnose.json`"],
