@@ -389,10 +389,10 @@ def headline_rows() -> list[list[str]]:
          "`execution_value.json`"],
         _testbed_headline("ResNet-18, overlap, 2 ranks at the balanced rate, {rate} (measured; predicted from the "
                           "profile on every rank, interference measured on the model)",
-                          "testbed_resnet18_balanced_model_run4", "overlap"),
+                          "testbed_resnet18_balanced_model_run5", "overlap"),
         _testbed_headline("gpt_tied, osp, 2 ranks at the balanced rate, {rate} (measured)",
-                          "testbed_gpt_tied_balanced_model_run4", "osp"),
-        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_balanced_model_run4", "osp",
+                          "testbed_gpt_tied_balanced_model_run5", "osp"),
+        _testbed_headline("gpt_tied, osp over overlap (measured)", "testbed_gpt_tied_balanced_model_run5", "osp",
                           "overlap"),
         _testbed_headline("ResNet-18, compiled runtime with a free-order plan, over torch.compile + DDP (measured)",
                           "testbed_resnet18_550mbit_compiled_order", "compiled", "compiled-ddp"),

@@ -262,8 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rate", default="550mbit",
                         help=f"tbf rate on each veth end (tc units), none, or {BALANCED}: profile and calibrate first, "
                              "and cap where every gradient's all-reduce takes as long as the compute")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
-    parser.add_argument("--warmup", type=int, default=2, help="steps before measuring, per run (default 2)")
+    parser.add_argument("--steps", type=int, default=30, help="measured steps per run (default 30)")
+    parser.add_argument("--warmup", type=int, default=4,
+                        help="steps before measuring, per run (default 4: the first steps run slow, see docs/testbed.md)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every mode (default 2)")
     parser.add_argument("--modes", default="ddp,barrier,overlap", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--batch-size", type=int, default=None)
