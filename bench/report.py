@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from schedopt.units import format_bandwidth
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kept import SUFFIX, read_kept  # noqa: E402
-from testbed import kept_runs, periods_of, round_ratio  # noqa: E402
+from testbed import kept_runs, periods_of, rate_Bps, round_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -68,6 +69,7 @@ class TestbedRow:
     by_period: bool  # False: an old result without kept steps (the slower rank's median step)
     baseline: str = "ddp"  # what the speedup is over: DDP, or FSDP2 per block for sharded runs
     peaks: tuple[float, float] | None = None  # sharded: (measured, predicted) peak bytes per rank
+    rate: str = ""  # the link's tc rate (``550mbit``)
 
     @property
     def speedup(self) -> float:
@@ -91,11 +93,11 @@ def testbed_rows(name: str) -> list[TestbedRow]:
         if mode in periods and base in periods:
             vs = {other: round_ratio(periods[other], periods[mode]) for other in periods}
             out.append(TestbedRow(mode, r["solver"], statistics.median(periods[mode]), r["predicted_s"], vs, True,
-                                  base, peaks))
+                                  base, peaks, r["rate"]))
         else:
             measured = r.get("measured_s", r.get("measured_median_s"))
             vs = {base: r[f"speedup_vs_{base}"], **r.get("speedup_vs", {})}
-            out.append(TestbedRow(mode, r["solver"], measured, r["predicted_s"], vs, False, base, peaks))
+            out.append(TestbedRow(mode, r["solver"], measured, r["predicted_s"], vs, False, base, peaks, r["rate"]))
     return out
 
 
@@ -349,16 +351,10 @@ def _row(name: str, mode: str) -> TestbedRow:
     return next(r for r in testbed_rows(name) if r.mode == mode)
 
 
-def _rate(name: str) -> str:
-    """The link rate a testbed result ran at, as people write it (``701mbit`` -> ``701 Mbit/s``)."""
-    rate = rows_of(load(f"{name}.json"))[0]["rate"]
-    return re.sub(r"^(\d+(?:\.\d+)?)mbit$", r"\1 Mbit/s", rate)
-
-
 def _testbed_headline(what: str, name: str, mode: str, against: str | None = None) -> list[str]:
     """A headline row; ``{rate}`` in ``what`` becomes the result's own link rate."""
     row = _row(name, mode)
-    what = what.format(rate=_rate(name))
+    what = what.format(rate=format_bandwidth(rate_Bps(row.rate)))
     names = {None: "DDP", "fsdp": "FSDP2 per block"}
     return [what, f"{row.speedup_vs[against or 'ddp']:.3f}x {names.get(against, against)}, predicted {row.error:+.1%}",
             f"`{name}`"]

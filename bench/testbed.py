@@ -145,7 +145,7 @@ class Link:
             _run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", *self._tbf()])
 
     def _tbf(self) -> list[str]:
-        burst = max(int(_rate_Bps(self.rate) / 100), 64 * 1024)  # 10 ms of traffic, at least a GSO segment
+        burst = max(int(rate_Bps(self.rate) / 100), 64 * 1024)  # 10 ms of traffic, at least a GSO segment
         return ["tbf", "rate", self.rate, "burst", str(burst), "latency", "200ms"]
 
     def close(self) -> None:
@@ -156,7 +156,8 @@ class Link:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
-def _rate_Bps(rate: str) -> float:
+def rate_Bps(rate: str) -> float:
+    """A tc rate (``550mbit``) in bytes per second."""
     from schedopt.units import parse_bandwidth
 
     return parse_bandwidth(rate.replace("mbit", "Mbps").replace("gbit", "Gbps").replace("kbit", "kbps"))
