@@ -46,12 +46,52 @@ def thread_cpu_s() -> dict[int, float]:
     return out
 
 
+def run_phase(name: str, unit, buffer, seconds: float) -> dict[str, float]:
+    """One phase on this rank (every rank at once): its wall time, compute rate and threads' CPU."""
+    import torch.distributed as dist
+
+    computing, calls = threading.Event(), [0]
+    me = threading.get_native_id()
+
+    def send() -> None:  # until every rank is done (the first element counts the ranks still computing)
+        while True:
+            buffer[0] = 1.0 if computing.is_set() else 0.0
+            dist.all_reduce(buffer)
+            calls[0] += 1
+            if float(buffer[0]) == 0.0:
+                return
+
+    dist.barrier()
+    before, t0, units = thread_cpu_s(), time.perf_counter(), 0
+    sender = None
+    if name != "compute":
+        computing.set()
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+    if name == "comm":
+        time.sleep(seconds)
+    else:
+        while time.perf_counter() - t0 < seconds:
+            unit()
+            units += 1
+    wall = time.perf_counter() - t0
+    computing.clear()
+    if sender is not None:
+        sender.join(timeout=60)
+    after = thread_cpu_s()
+    spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    own = spent.pop(me, 0.0)
+    return {"wall_s": wall, "units_per_s": units / wall, "compute_cpu_s": own,
+            "other_cpu_s": sum(spent.values()), "calls": calls[0]}
+
+
 def worker(args: argparse.Namespace) -> int:
     """One rank (under torchrun): every phase of every round; rank 0 writes the samples to ``--out``."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
     dist.init_process_group("gloo")
     if args.model:
         from schedopt.importers import load_factory
@@ -62,46 +102,10 @@ def worker(args: argparse.Namespace) -> int:
         unit = lambda: a @ a  # noqa: E731
     unit()
     buffer = torch.zeros(args.message_bytes // 4)
-    me = threading.get_native_id()
-
-    def phase(name: str) -> dict[str, float]:
-        computing, calls = threading.Event(), [0]
-
-        def send() -> None:  # until every rank is done (the first element counts the ranks still computing)
-            while True:
-                buffer[0] = 1.0 if computing.is_set() else 0.0
-                dist.all_reduce(buffer)
-                calls[0] += 1
-                if float(buffer[0]) == 0.0:
-                    return
-
-        dist.barrier()
-        before, t0, units = thread_cpu_s(), time.perf_counter(), 0
-        sender = None
-        if name != "compute":
-            computing.set()
-            sender = threading.Thread(target=send, daemon=True)
-            sender.start()
-        if name == "comm":
-            time.sleep(args.seconds)
-        else:
-            while time.perf_counter() - t0 < args.seconds:
-                unit()
-                units += 1
-        wall = time.perf_counter() - t0
-        computing.clear()
-        if sender is not None:
-            sender.join(timeout=60)
-        after = thread_cpu_s()
-        spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
-        own = spent.pop(me, 0.0)
-        return {"wall_s": wall, "units_per_s": units / wall, "compute_cpu_s": own,
-                "other_cpu_s": sum(spent.values()), "calls": calls[0]}
-
     samples = []
     for r in range(args.rounds):
         for name in (PHASES if r % 2 == 0 else PHASES[::-1]):
-            row = phase(name)
+            row = run_phase(name, unit, buffer, args.seconds)
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, row)
             samples += [{"round": r, "phase": name, "rank": k, **s} for k, s in enumerate(gathered)]
@@ -143,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, default=6.0, help="each phase's length")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--message-bytes", type=int, default=8 << 20, help="each all-reduce's size")
+    parser.add_argument("--seed", type=int, default=0, help="the compute's inputs")
     parser.add_argument("--json", default=None, help="write the samples and the summary here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="schedopt-interference-") as work:
         out = Path(work) / "samples.json"
         argv = [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--seconds", str(args.seconds),
-                "--rounds", str(args.rounds), "--message-bytes", str(args.message_bytes)]
+                "--rounds", str(args.rounds), "--message-bytes", str(args.message_bytes), "--seed", str(args.seed)]
         if args.model:
             argv += ["--model", args.model] + (["--batch-size", str(args.batch_size)] if args.batch_size else [])
         budget = 120 + 3 * args.rounds * (args.seconds + 20)
