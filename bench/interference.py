@@ -6,9 +6,9 @@
 Two ranks in the testbed's namespaces over a capped veth (``testbed.Link``), one compute thread each,
 launched with torchrun. Per round, every rank at once and in turn (ABC, then CBA): the compute alone
 for ``--seconds``; all-reduces alone, sent one after another from a thread as the calibration's load
-sends them; and both together. For each phase each rank reads its threads' CPU time from
-``/proc/self/task`` (the compute thread, and everything else in the process: gloo's loop and worker
-threads, the sending thread), and the compute's rate (units per second).
+sends them (``runtime.calibrate.AllReduceLoad``); and both together. For each phase each rank reads the CPU time of its compute thread
+and of everything else in the process (gloo's loop and worker threads, the sending thread), and the
+compute's rate (units per second).
 
 A row says how much slower the compute ran beside the all-reduces (the interference the simulator
 uses), how much CPU the other threads took meanwhile (cores; two cores in all, one per rank), and how
@@ -20,12 +20,12 @@ and ranks. The figures go in ``docs/testbed.md``'s "What the model still leaves 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,56 +33,26 @@ ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("compute", "comm", "both")
 
 
-def thread_cpu_s() -> dict[int, float]:
-    """Each thread of this process: its user plus system CPU seconds."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def run_phase(name: str, unit, buffer, seconds: float) -> dict[str, float]:
+def run_phase(name: str, unit, nbytes: int, seconds: float) -> dict[str, float]:
     """One phase on this rank (every rank at once): its wall time, compute rate and threads' CPU."""
     import torch.distributed as dist
 
-    computing, calls = threading.Event(), [0]
-    me = threading.get_native_id()
-
-    def send() -> None:  # until every rank is done (the first element counts the ranks still computing)
-        while True:
-            buffer[0] = 1.0 if computing.is_set() else 0.0
-            dist.all_reduce(buffer)
-            calls[0] += 1
-            if float(buffer[0]) == 0.0:
-                return
+    from runtime.calibrate import AllReduceLoad
 
     dist.barrier()
-    before, t0, units = thread_cpu_s(), time.perf_counter(), 0
-    sender = None
-    if name != "compute":
-        computing.set()
-        sender = threading.Thread(target=send, daemon=True)
-        sender.start()
-    if name == "comm":
-        time.sleep(seconds)
-    else:
-        while time.perf_counter() - t0 < seconds:
-            unit()
-            units += 1
-    wall = time.perf_counter() - t0
-    computing.clear()
-    if sender is not None:
-        sender.join(timeout=60)
-    after = thread_cpu_s()
-    spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
-    own = spent.pop(me, 0.0)
+    load = AllReduceLoad(nbytes) if name != "compute" else contextlib.nullcontext()
+    process0, own0, t0, units = time.process_time(), time.thread_time(), time.perf_counter(), 0
+    with load:
+        if name == "comm":
+            time.sleep(seconds)
+        else:
+            while time.perf_counter() - t0 < seconds:
+                unit()
+                units += 1
+        wall = time.perf_counter() - t0
+    own = time.thread_time() - own0  # the process's CPU counts threads that have ended, too
     return {"wall_s": wall, "units_per_s": units / wall, "compute_cpu_s": own,
-            "other_cpu_s": sum(spent.values()), "calls": calls[0]}
+            "other_cpu_s": time.process_time() - process0 - own, "calls": getattr(load, "calls", 0)}
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -101,11 +71,10 @@ def worker(args: argparse.Namespace) -> int:
         a = torch.randn(192, 192)
         unit = lambda: a @ a  # noqa: E731
     unit()
-    buffer = torch.zeros(args.message_bytes // 4)
     samples = []
     for r in range(args.rounds):
         for name in (PHASES if r % 2 == 0 else PHASES[::-1]):
-            row = run_phase(name, unit, buffer, args.seconds)
+            row = run_phase(name, unit, args.message_bytes, args.seconds)
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, row)
             samples += [{"round": r, "phase": name, "rank": k, **s} for k, s in enumerate(gathered)]

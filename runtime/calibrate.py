@@ -164,7 +164,7 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
            alone is the slowest rank's median of three; ``k`` units take 0.3 s or more.
         2. Per sample, every rank at once (as they train): ``k`` units alone, timed; then ``k``
            units while a thread sends all-reduces one after another until every rank's units are
-           done (:class:`_Load`), timed.
+           done (:class:`AllReduceLoad`), timed.
         3. A sample is ``time during / time alone - 1``, the slowest rank's.
 
     The cluster keeps the median. The matmul is a stand-in: on the two-core testbed it read 27-32%
@@ -193,7 +193,9 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
 
     work()  # warm-up
     k = max(1, math.ceil(0.3 / max(slowest(statistics.median(timed(1) for _ in range(3))), 1e-9)))
-    load = _Load(cluster, slowest(timed(k)), process_group)
+    # Each call lasts about an eighth of the compute on ``cluster``, from 1 to 64 MiB.
+    nbytes = (slowest(timed(k)) / 8 - cluster.fixed_s) / cluster.seconds_per_byte
+    load = AllReduceLoad(int(min(max(nbytes, 1 << 20), 64 << 20)), process_group)
     samples = []
     for _ in range(num_samples):
         dist.barrier(group=process_group)
@@ -205,23 +207,22 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     return samples
 
 
-class _Load:
-    """All-reduces sent one after another from a thread while the ranks compute (``with``).
+class AllReduceLoad:
+    """All-reduces of ``nbytes`` sent one after another from a thread while the ranks compute (``with``).
 
     Each call's first element carries whether this rank still computes, so every rank learns at once
     that all are done and sends no more (the same number of calls everywhere, at most one after the
-    last rank's compute). Each call lasts about an eighth of ``compute_s`` on ``cluster``, from 1 to
-    64 MiB. An error in the thread is raised when the block ends.
+    last rank's compute; ``calls`` counts them). An error in the thread is raised when the block ends.
     """
 
-    def __init__(self, cluster: Cluster, compute_s: float, process_group: Any) -> None:
+    def __init__(self, nbytes: int, process_group: Any = None) -> None:
         import torch
 
-        nbytes = (compute_s / 8 - cluster.fixed_s) / cluster.seconds_per_byte
-        self.buffer = torch.zeros(int(min(max(nbytes, 1 << 20), 64 << 20)) // 4, dtype=torch.float32)
+        self.buffer = torch.zeros(max(nbytes // 4, 1), dtype=torch.float32)
         self.group, self.computing = process_group, threading.Event()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.calls = 0
 
     def _send(self) -> None:
         import torch.distributed as dist
@@ -230,12 +231,13 @@ class _Load:
             while True:
                 self.buffer[0] = 1.0 if self.computing.is_set() else 0.0
                 dist.all_reduce(self.buffer, group=self.group)
+                self.calls += 1
                 if float(self.buffer[0]) == 0.0:  # the number of ranks still computing
                     return
         except BaseException as exc:  # raised in the caller's thread by __exit__
             self.error = exc
 
-    def __enter__(self) -> _Load:
+    def __enter__(self) -> AllReduceLoad:
         self.computing.set()
         self.thread = threading.Thread(target=self._send, name="schedopt-calibrate-load", daemon=True)
         self.thread.start()
