@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every CUDA path one GPU can exercise, in under 8 minutes: profiling on CUDA, wrap in barrier, overlap
-# and osp mode on NCCL against DDP, the compiled runtime, shard (FSDP2) against fully_shard; then real
-# CUDA profiler traces for `schedopt diagnose` and `schedopt import --trace`. Writes into $OUT_DIR
-# (default out/): gpu_check.json, the traces (ddp_gpt_tied.json.gz, ddp_resnet18.json.gz,
+# and osp mode on NCCL against DDP, the compiled runtime, shard (FSDP2) against fully_shard, the same
+# again on two ranks sharing the GPU over gloo; then real CUDA profiler traces for `schedopt diagnose`
+# and `schedopt import --trace`. Writes into $OUT_DIR (default out/): gpu_check.json,
+# gpu_check_gloo2.json, the traces (ddp_gpt_tied.json.gz, ddp_resnet18.json.gz,
 # overlap_gpt_tied.json.gz: examples/train.py --profile on NCCL, world size 1), resnet18_cuda.json
 # and gpt2_small_cuda.json (`schedopt profile --on cuda`) and log.txt.
 #
@@ -25,6 +26,9 @@ export PYTHONUNBUFFERED=1
 RUN=("$PY" -m torch.distributed.run --standalone --nproc-per-node 1)
 failed=0
 timeout 240 "${RUN[@]}" bench/gpu_check.py --json "$OUT_DIR/gpu_check.json" || failed=1
+# Two ranks on the one GPU, over gloo (NCCL refuses to share a device): the collectives between ranks
+timeout 180 "$PY" -m torch.distributed.run --standalone --nproc-per-node 2 bench/gpu_check.py --backend gloo \
+    --profile-model '' --json "$OUT_DIR/gpu_check_gloo2.json" || failed=1
 
 work=$(mktemp -d)
 trace() {  # trace NAME MODEL [train.py flags]: 8 steps, the last 3 profiled, the trace gzipped into $OUT_DIR

@@ -55,13 +55,13 @@ def test_osp_accuracy_writes_each_tasks_figure_per_mode_and_overlap_equals_ddp(t
 def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
     """bench/gpu_check.py's every check, on CPU (the CUDA paths need a GPU; the script itself must work)."""
     out = tmp_path / "gpu_check.json"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            str(BENCH / "gpu_check.py"), "--device", "cpu", "--models", "tiny_gpt",
                            "--profile-model", "tiny_cnn", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["ok"] and result["device"].startswith("cpu")
+    assert result["ok"] and result["device"].startswith("cpu") and result["world_size"] == 2
     names = [(c["check"], c["model"]) for c in result["checks"]]
     assert ("profile", "tiny_cnn") in names and ("compiled", "tiny_gpt") in names
     assert {c["check"] for c in result["checks"]} == {"profile", "wrap-barrier", "wrap-overlap", "wrap-osp", "compiled",
@@ -72,3 +72,6 @@ def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
     assert [kind for kind, _, _ in recorded] == ["all-gather", "reduce-scatter"]
     assert all(c["chunked_buckets"] >= 1 for c in result["checks"] if c["check"].startswith("wrap"))
     assert all(c["stage2_params"] >= 1 for c in result["checks"] if c["check"] == "wrap-osp")
+    assert all(c["rank_spread"] == 0.0 for c in result["checks"] if c["check"].startswith("wrap"))
+    osp = next(c for c in result["checks"] if c["check"] == "wrap-osp")
+    assert osp["max_param_diff"] > 0.0  # two ranks: stage 2 is not DDP's mathematics, and the check knows it
