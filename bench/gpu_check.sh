@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every CUDA path one GPU can exercise, each step under its own timeout (they add to
-# 14.5 minutes; before the two-rank step was added the whole run took under 8 on an H200): profiling on CUDA, wrap in barrier, overlap
+# 14.5 minutes; before the two-rank step was added the whole run took under 8 on an H200):
+# profiling on CUDA, wrap in barrier, overlap
 # and osp mode on NCCL against DDP, the compiled runtime, shard (FSDP2) against fully_shard, the same
 # again on two ranks sharing the GPU over gloo; then real CUDA profiler traces for `schedopt diagnose`
 # and `schedopt import --trace`. Writes into $OUT_DIR (default out/): gpu_check.json,
