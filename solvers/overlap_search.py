@@ -38,7 +38,7 @@ from schedopt.steady import StepProgram, run_steady_state
 
 from .common import first_readers
 
-__all__ = ["SteadyState", "improve_buckets"]
+__all__ = ["Budget", "SteadyState", "improve_buckets"]
 
 
 
@@ -120,7 +120,7 @@ def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluat
     the seed only; ``time_limit_s`` is a safety net that cuts it shorter.
     """
     rng = random.Random(seed)
-    budget = _Budget(max_evaluations, time.perf_counter() + time_limit_s)
+    budget = Budget(max_evaluations, time.perf_counter() + time_limit_s)
     best = [list(b) for b in buckets]
     best_t = state.period(best)
     current, current_t = best, best_t
@@ -142,7 +142,7 @@ def improve_buckets(state: SteadyState, buckets: list[list[int]], *, max_evaluat
         budget.take()
 
 
-class _Budget:
+class Budget:
     """Evaluations left, and a wall-clock deadline as a safety net."""
 
     def __init__(self, evaluations: int, deadline: float):
@@ -158,7 +158,7 @@ class _Budget:
 
 
 def _descend(state: SteadyState, bs: list[list[int]], t: float, rng: random.Random,
-             budget: _Budget) -> tuple[list[list[int]], float]:
+             budget: Budget) -> tuple[list[list[int]], float]:
     improved = True
     while improved and not budget.spent():
         improved = False

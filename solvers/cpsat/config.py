@@ -78,6 +78,16 @@ class CpsatOptions:
     #: the forward waits for, their ops with them (:mod:`..deferral`; GPT-2 small on 8 x 100 GbE:
     #: 117.71 -> 115.84 ms from the search's local optimum).
     search_deferral_share: float = 0.3
+    #: Overlap mode, compiled: also run :mod:`..anchor_search` (which units travel before the
+    #: anchor gradient, which after) beside the bucket searches (GPT-2 small, 64 x 100 GbE: 121.37 ms
+    #: in 20 s; the bucket searches and deferral: 122.05 ms in 30 s).
+    anchor_search: bool = True
+    #: ... in the last search lane (process), taking this share of its time from that lane's bucket search.
+    anchor_search_share: float = 0.5
+    #: ... which stops after this many DPs (about 1 ms each on GPT-2 small's 123 units), at most this
+    #: many per unit, so that it ends on its count rather than on the clock.
+    anchor_search_evaluations: int = 12_000
+    anchor_search_evaluations_per_unit: int = 100
     #: Overlap mode: a search process still running this long after its share of the time is killed.
     search_grace_s: float = 1.0
     #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely
@@ -139,6 +149,10 @@ class CpsatOptions:
             if f.name == "search_deferral_share":  # 0 turns the deferral off
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
                     raise SolverError(f"cpsat option {f.name} must be a share in [0, 1), got {value!r}")
+                continue
+            if f.type == "bool":
+                if not isinstance(value, bool):
+                    raise SolverError(f"cpsat option {f.name} must be true or false, got {value!r}")
                 continue
             if f.type.startswith("int"):
                 low = 0 if f.name == "seed" else 1

@@ -10,11 +10,15 @@ mode's gain is. It runs in rounds; after each, the backward order becomes the
 when that is faster, so gradients the search holds back also let their ops
 wait (GPT-2 small, 8 x 100 GbE: 119.2 -> 117.6 ms), and in a compiled problem buckets are then held
 back behind the one the forward waits for, their ops with them (:mod:`..deferral`: 117.71 -> 115.84 ms).
+A compiled problem also gets the anchor search (:mod:`..anchor_search`): which gradients travel before
+the one that bounds the period most on its own, which after, with the exact bucketing of each split
+(GPT-2 small, 64 x 100 GbE: 122.05 -> 121.41 ms; 8 x 100 GbE: 115.49 -> 114.30 ms).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +27,7 @@ from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
 from schedopt.simulate import simulate
 
+from ..anchor_search import anchor_search
 from ..bucketing import optimal_contiguous_buckets
 from ..caramel import caramel_order
 from ..common import bucket_first_order, split_chunks
@@ -33,7 +38,7 @@ from .config import CpsatOptions
 from .deadline import Deadline
 from .phases import dead_forward, defer_dead_forward
 
-__all__ = ["warm_starts", "run_searches", "search_buckets"]
+__all__ = ["warm_starts", "run_searches", "search_anchor", "search_buckets"]
 
 
 def warm_starts(problem: Problem, options: CpsatOptions, deadline: Deadline,
@@ -81,18 +86,35 @@ def warm_starts(problem: Problem, options: CpsatOptions, deadline: Deadline,
         if key not in by_order or t < by_order[key][0]:
             by_order[key] = (t, plan)
     starts = sorted(by_order.values(), key=lambda tp: tp[0])[:options.search_orders]
-    # one process per start when the workers allow: the search is pure Python and CP-SAT has not
-    # started yet, so the other core would idle (each start then gets the whole share of the time).
-    # Each start has its own seed: the search's basin depends on it (Inception, 64 x 100 GbE, seeds
-    # 0-3: 3.96%, 5.71%, 3.56%, 5.15% gap with one seed for both starts; 5.15% -> 4.36% for seed 3)
+    scored += _searched(problem, [plan for _, plan in starts], options, deadline, notes)
+    return scored
+
+
+def _searched(problem: Problem, starts: list[Plan], options: CpsatOptions, deadline: Deadline,
+              notes: dict[str, Any]) -> list[tuple[float, Plan]]:
+    """The plans the searches find from ``starts`` (best first), with their simulated periods.
+
+    One process per start when the workers allow: the search is pure Python and CP-SAT has not
+    started yet, so the other core would idle (each start then gets the whole share of the time).
+    Each start has its own seed: the search's basin depends on it (Inception, 64 x 100 GbE, seeds
+    0-3: 3.96%, 5.71%, 3.56%, 5.15% gap with one seed for both starts; 5.15% -> 4.36% for seed 3).
+    A compiled problem also gets the anchor search (:mod:`..anchor_search`), from the best start's
+    order, in the last lane, where it takes ``anchor_search_share`` of the lane's time.
+    """
     processes = min(options.num_workers, len(starts))
-    time_s = deadline.share(options.search_share) * processes / len(starts)
-    jobs = [(problem, list(plan.order), [list(b.params) for b in plan.buckets], seed + 1000 * k, time_s, options)
-            for k, (_, plan) in enumerate(starts)]
-    for found in run_searches(jobs, processes, options.search_grace_s, notes):
-        for order, buckets, t in found:
-            scored.append((t, Plan.for_problem(problem, order=order, buckets=buckets,
-                                               solver=SolverInfo(name="overlap-search"))))
+    lane_s = deadline.share(options.search_share) * processes / len(starts)
+    lanes = [[(search_buckets, plan, lane_s)] for plan in starts]
+    if problem.reorders and options.anchor_search:
+        held = options.anchor_search_share * lane_s
+        lanes[-1] = [(search_buckets, starts[-1], lane_s - held), (search_anchor, starts[0], held)]
+    jobs = [[(search, problem, list(plan.order), [list(b.params) for b in plan.buckets], options.seed + 1000 * k,
+              time_s, options) for search, plan, time_s in lane] for k, lane in enumerate(lanes)]
+    scored = []
+    for lane, results in zip(jobs, run_searches(jobs, processes, options.search_grace_s, notes)):
+        for job, found in zip(lane, results):
+            name = "anchor-search" if job[0] is search_anchor else "overlap-search"
+            scored += [(t, Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name=name)))
+                       for order, buckets, t in found]
     return scored
 
 
@@ -121,31 +143,55 @@ def _engine_order_plans(problem: Problem, options: CpsatOptions, deadline: Deadl
     return out
 
 
-def run_searches(jobs: list[tuple], processes: int, grace_s: float,
-                 notes: dict[str, Any]) -> list[list[tuple[list[str], list[list[str]], float]]]:
-    """:func:`search_buckets` for every job (its time is the fifth field), in ``processes`` forked
-    processes when more than one.
+def run_searches(lanes: list[list[tuple]], processes: int, grace_s: float,
+                 notes: dict[str, Any]) -> list[list[list[tuple[list[str], list[list[str]], float]]]]:
+    """Every lane (searches run one after the other, each a function, :func:`search_buckets` or
+    :func:`search_anchor`, and its arguments, its time the sixth field) in ``processes`` forked
+    processes when more than one; each lane's results, job by job.
 
     Fork, not spawn: the children need nothing from ``__main__`` (spawn would rerun a script that has
-    no main guard). Children still running ``grace_s`` past their time are killed, never waited for,
-    and the searches count as having found nothing (``notes["search"]`` says so); without processes
-    (or when they cannot start) the jobs run here, one after the other, each in its share of the time.
+    no main guard). A lane still running ``grace_s`` past its time is killed, never waited for, and
+    counts as having found nothing (``notes["search"]`` says so); the other lanes keep what they found.
+    Without processes (or when they cannot start) the lanes run here, one after the other, each in
+    its share of the time.
     """
     if processes <= 1:
-        return [search_buckets(*job) for job in jobs]
+        return [_run_lane(lane) for lane in lanes]
     try:
         pool = multiprocessing.get_context("fork").Pool(processes)
     except OSError as error:
         notes["search"] = f"no search processes ({error}); the starts searched one after the other"
-        return [search_buckets(*job[:4], job[4] / processes, *job[5:]) for job in jobs]
+        return [_run_lane([(*job[:5], job[5] / processes, *job[6:]) for job in lane]) for lane in lanes]
     try:
-        return pool.starmap_async(search_buckets, jobs).get(timeout=max(job[4] for job in jobs) + grace_s)
-    except multiprocessing.TimeoutError:
-        notes["search"] = f"the bucket search overran its time by {grace_s:g} s and was stopped; nothing kept"
-        return []
+        pending = [pool.apply_async(_run_lane, (lane,)) for lane in lanes]
+        waves = -(-len(lanes) // processes)
+        end = time.perf_counter() + waves * max(sum(job[5] for job in lane) for lane in lanes) + grace_s
+        out = []
+        for lane, result in zip(lanes, pending):
+            result.wait(max(end - time.perf_counter(), 0.0))
+            if result.ready() and result.successful():
+                out.append(result.get())
+            else:
+                notes["search"] = f"a bucket search overran its time by {grace_s:g} s and was stopped; nothing kept of it"
+                out.append([[] for _ in lane])
+        return out
     finally:
         pool.terminate()
         pool.join()
+
+
+def _run_lane(lane: list[tuple]) -> list[list[tuple[list[str], list[list[str]], float]]]:
+    return [job[0](*job[1:]) for job in lane]
+
+
+def search_anchor(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,
+                  time_s: float, options: CpsatOptions) -> list[tuple[list[str], list[list[str]], float]]:
+    """:func:`..anchor_search.anchor_search` in ``order``'s units (``buckets`` and ``options`` unused: it
+    starts from its own sets); the plan it found with its simulated period, or nothing."""
+    units = len(SteadyState(problem, order).units)
+    evaluations = min(options.anchor_search_evaluations, options.anchor_search_evaluations_per_unit * units)
+    found = anchor_search(problem, order, max_evaluations=evaluations, time_limit_s=time_s, seed=seed)
+    return [] if found is None else [(found[0], found[1], _period(problem, found[0], found[1]))]
 
 
 def search_buckets(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,
