@@ -52,6 +52,13 @@ class CpsatOptions:
     #: the rest, and its bisection is what raises the bound (60 s, 64 x 100 GbE, 0.6 -> 0.85: Inception's
     #: bound 20.69 -> 20.86 ms, its gap 2.07% -> 1.28%; ResNet-50 and BERT base unchanged).
     relaxation_share: float = 0.85
+    #: Overlap mode, where the closure relaxation is skipped: the anchor-split relaxation
+    #: (:mod:`.split_bound`) takes this share of the time left (GPT-2 small, 64 x 100 GbE: 118.31 ->
+    #: 118.87 ms in 5 s, 119.26 in 10), keeping the parameters whose bytes are at least this share of
+    #: the anchor's (50 of GPT-2 small's 148), and is skipped above this many kept.
+    split_share: float = 0.7
+    split_min_share: float = 0.01
+    split_max_items: int = 400
     #: Overlap mode: the search moves on from a local optimum up to this much worse than the one it left.
     search_accept_worse: float = 0.003
     #: Overlap mode: a kick is this many random moves (least, most). Inception on 64 x 100 GbE, 150k

@@ -32,6 +32,7 @@ from .phases import overlap_ops, split_prefix
 from .recheck import on_ranks
 from .relaxation import Relaxation, max_calls, order_of, relax
 from .sharded import ShardedOptions, solve_sharded
+from .split_bound import split_bound
 from .warm import warm_starts
 
 __all__ = ["solve_cpsat", "CpsatProgress"]
@@ -169,6 +170,7 @@ class _Solve:
         calls = max_calls(model.items, model.A, upper)
         if not model.items or calls > options.relaxation_max_calls:
             stats["relaxation"] = f"skipped: up to {calls} calls could beat the warm start"
+            self.split(model, upper)
             return
         result = relax(model.items, model.dur, model.coarse.edges, model.A, upper,
                        options.relaxation_share * self.deadline.left(),
@@ -187,6 +189,19 @@ class _Solve:
             self.hint_s, self.hint_plan = plan_s, plan
             self.B = model.B = max(self.B, min(needed + 2, len(model.units)))
             stats["warm_start"] = "relaxation"
+
+    def split(self, model: OverlapModel, upper: int) -> None:
+        """The anchor-split relaxation (:mod:`.split_bound`), where the closure relaxation has too many
+        calls to solve: its bound joins the model's constant bound."""
+        options = self.options
+        result = split_bound(model.items, model.dur, model.coarse.edges, model.A, floor=model.static_bound,
+                             upper=upper, seconds=options.split_share * self.deadline.left(),
+                             min_share=options.split_min_share, max_items=options.split_max_items,
+                             num_workers=options.num_workers, seed=options.seed)
+        self.stats.update(split_bound=result.status, split_bound_s=self.seconds(result.bound))
+        if result.bound > model.static_bound:
+            model.static_bound = result.bound
+            self.report_bound(result.bound)
 
     def report_bound(self, bound: int) -> None:
         """A bound proven before CP-SAT's phases, reported against the best plan so far."""
