@@ -33,7 +33,7 @@ from typing import Callable
 
 import networkx as nx
 
-from ..interrupt import interruptible
+from .capped import solve_capped
 
 __all__ = ["Relaxation", "max_calls", "order_of", "relax"]
 
@@ -140,17 +140,8 @@ class _Model:
 
     def solve(self, target: int, seconds: float, num_workers: int, seed: int) -> tuple[Relaxation | None, str]:
         """A solution with ``T <= target`` (``bound``: its ``T``), or None; CP-SAT's status name."""
-        from ortools.sat.python import cp_model
-
-        self.m.Proto().variables[self.T.Index()].domain[1] = target
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = seconds
-        solver.parameters.num_workers = num_workers
-        solver.parameters.random_seed = seed
-        with interruptible(solver):
-            status = solver.Solve(self.m)
-        name = solver.StatusName(status)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        solver, name, found = solve_capped(self.m, self.T, target, seconds, num_workers, seed)
+        if not found:
             return None, name
         K = self.K
         calls = [[i for i, row in enumerate(self.x) if solver.Value(row[k])] for k in range(K)]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from ..interrupt import interruptible
+from .capped import solve_capped
 
 __all__ = ["SplitBound", "split_bound"]
 
@@ -152,14 +152,5 @@ class _Model:
 
     def solve(self, target: int, seconds: float, num_workers: int, seed: int) -> tuple[str, int | None]:
         """CP-SAT's status name for ``T <= target``, and a solution's ``T`` if it found one."""
-        from ortools.sat.python import cp_model
-
-        self.m.Proto().variables[self.T.Index()].domain[1] = target
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = seconds
-        solver.parameters.num_workers = num_workers
-        solver.parameters.random_seed = seed
-        with interruptible(solver):
-            status = solver.Solve(self.m)
-        found = solver.Value(self.T) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
-        return solver.StatusName(status), found
+        solver, name, found = solve_capped(self.m, self.T, target, seconds, num_workers, seed)
+        return name, solver.Value(self.T) if found else None
