@@ -124,13 +124,16 @@ class AnchorSequences:
         return [list(seq[a:b]) for a, b in reversed(cuts)]
 
     def period(self, seq: Sequence[int], below: float = np.inf) -> float:
-        """The least feasible period of ``seq`` (bisection); ``inf`` if none is below ``below``."""
+        """The least feasible period of ``seq`` (bisection); ``inf`` if none is below ``below``, or if
+        the budget runs out first."""
         ready = self.ready(seq)
         low = max(self.compute_s, float(ready[-1]))
         high = min(below, low + self.call_s * len(seq) + self.bytes_s.sum() + max(self.tail.max(), 0.0))
         if self.buckets(seq, ready, high) is None:
             return np.inf
         while high - low > _TOL * high:
+            if self.budget.spent():
+                return np.inf
             mid = (low + high) / 2
             if self.buckets(seq, ready, mid) is None:
                 low = mid
@@ -148,8 +151,9 @@ class AnchorSequences:
 def anchor_search(problem: Problem, order: Sequence[str], *, max_evaluations: int, time_limit_s: float,
                   seed: int = 0) -> tuple[list[str], list[list[str]], float] | None:
     """The best ``(order, buckets, modelled period)`` the flip search reaches (module docstring); None
-    if the problem has fewer than two units. It stops after ``max_evaluations`` DPs, so the result
-    depends on the seed only; ``time_limit_s`` is a safety net that cuts it shorter."""
+    if the problem has fewer than two units or the time ran out before any period was found. It stops
+    after ``max_evaluations`` DPs, so the result depends on the seed only; ``time_limit_s`` is a
+    safety net that cuts it shorter."""
     model = AnchorSequences(problem, order)
     if model.n < 2:
         return None
@@ -178,7 +182,7 @@ def _start(model: AnchorSequences, anchor: int, others: list[int]) -> set[int]:
     """The best of the sets 'every unit whose first reader comes before a point', over ~20 points."""
     by_reader = sorted(others, key=lambda u: -model.tail[u])
     cuts = sorted({round(k * len(by_reader) / 20) for k in range(21)})
-    return min((set(by_reader[:k]) for k in cuts), key=lambda s: model.period(model.canonical(anchor, s)))
+    return min((set(by_reader[:k]) for k in cuts), key=lambda s: (model.period(model.canonical(anchor, s)), len(s)))
 
 
 def _descend(model: AnchorSequences, anchor: int, others: list[int], current: set[int], current_t: float,

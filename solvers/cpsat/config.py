@@ -97,6 +97,9 @@ class CpsatOptions:
     #: many per unit, so that it ends on its count rather than on the clock.
     anchor_search_evaluations: int = 12_000
     anchor_search_evaluations_per_unit: int = 100
+    #: ... and which is skipped above this many units (a DP takes 0.7 ms at transformer_like(12)'s 75,
+    #: 2.7 ms at transformer_like(48)'s 291; the search keeps to its time either way).
+    anchor_search_max_units: int = 600
     #: Overlap mode: a search process still running this long after its share of the time is killed.
     search_grace_s: float = 1.0
     #: Overlap mode: the share of the time limit the bucket search may use at most (CP-SAT rarely

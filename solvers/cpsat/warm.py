@@ -186,9 +186,12 @@ def _run_lane(lane: list[tuple]) -> list[list[tuple[list[str], list[list[str]], 
 
 def search_anchor(problem: Problem, order: list[str], buckets: list[list[str]], seed: int,
                   time_s: float, options: CpsatOptions) -> list[tuple[list[str], list[list[str]], float]]:
-    """:func:`..anchor_search.anchor_search` in ``order``'s units (``buckets`` and ``options`` unused: it
-    starts from its own sets); the plan it found with its simulated period, or nothing."""
+    """:func:`..anchor_search.anchor_search` in ``order``'s units (``buckets`` unused: it starts from
+    its own sets); the plan it found with its simulated period, or nothing (nothing either above
+    ``options.anchor_search_max_units`` units)."""
     units = len(SteadyState(problem, order).units)
+    if units > options.anchor_search_max_units:
+        return []
     evaluations = min(options.anchor_search_evaluations, options.anchor_search_evaluations_per_unit * units)
     found = anchor_search(problem, order, max_evaluations=evaluations, time_limit_s=time_s, seed=seed)
     return [] if found is None else [(found[0], found[1], _period(problem, found[0], found[1]))]
