@@ -145,6 +145,22 @@ def test_a_search_process_that_hangs_is_killed_and_the_solve_says_so():
     assert "stopped" in notes["search"]
 
 
+def _found(*args):
+    return [("order", "buckets", 1.0)]
+
+
+def test_a_lane_that_overruns_loses_only_its_own_results():
+    """Two lanes on two processes: the one that hangs is killed and counts as having found nothing;
+    the other's plans are kept, job by job."""
+    from schedopt.solvers.cpsat import warm
+
+    notes = {}
+    lanes = [[(_hang, "problem", "order", "buckets", 0, 0.1, "options")],
+             [(_found, "problem", "order", "buckets", 0, 0.05, "options")] * 2]
+    assert warm.run_searches(lanes, processes=2, grace_s=0.5, notes=notes) == [[[]], [_found(), _found()]]
+    assert "stopped" in notes["search"]
+
+
 def test_holding_buckets_back_behind_the_tied_embedding_lets_their_ops_wait_too():
     """transformer_like ties wte to the head: finished last, read first. DDP's buckets send it last
     and the forward waits for its whole all-reduce; holding other buckets back behind it, under
