@@ -98,21 +98,26 @@ class AnchorSequences:
         return out
 
     def buckets(self, seq: Sequence[int], ready: np.ndarray, period: float) -> list[list[int]] | None:
-        """The contiguous bucketing of ``seq`` whose last bucket ends first with every bucket ending
-        ``W`` before ``period``; None if there is none."""
+        """The contiguous bucketing of ``seq``, one dtype per bucket, whose last bucket ends first with
+        every bucket ending ``W`` before ``period``; None if there is none."""
         self.budget.take()
         if self.compute_s > period:
             return None
         n = len(seq)
         size = np.concatenate([[0.0], np.cumsum(self.bytes_s[list(seq)])])
         tail = self.tail[list(seq)]
+        dtype = [self.state.dtype[u] for u in seq]
+        run = 0  # a bucket holds one dtype: it starts no earlier than the run of dtype[i - 1]
         best = np.full(n + 1, np.inf)
         best[0] = 0.0
         back = np.zeros(n + 1, dtype=int)
         for i in range(1, n + 1):
+            if i > 1 and dtype[i - 1] != dtype[i - 2]:
+                run = i - 1
             latest = np.maximum.accumulate(tail[:i][::-1])[::-1]  # W of a bucket [j, i): its largest
             end = np.maximum(best[:i], ready[i - 1]) + self.call_s + (size[i] - size[:i])
             end[end + latest > period] = np.inf
+            end[:run] = np.inf
             back[i] = j = int(np.argmin(end))
             best[i] = end[j]
         if not np.isfinite(best[n]):

@@ -106,3 +106,24 @@ def test_cpsat_warm_starts_hold_the_anchor_search_only_where_ops_may_move():
     assert not any(p.solver.name == "anchor-search" for _, p in warm_starts(eager, options, Deadline(20)))
     off = CpsatOptions.make({"anchor_search": False}, num_workers=1, time_limit_s=20)
     assert not any(p.solver.name == "anchor-search" for _, p in warm_starts(problem, off, Deadline(20)))
+
+
+def test_a_bucket_holds_one_dtype():
+    """Half the parameters in bfloat16: every plan the search returns validates (one dtype per
+    bucket), and its period is the simulated one's bound."""
+    from schedopt.backward import ForwardOp, ParamSpec, training_graph
+    from schedopt.cost import DeviceSpec
+
+    ops, prev = [], ()
+    for i in range(6):
+        ops.append(ForwardOp(id=f"l{i}", kind="linear", inputs=prev, reads=(f"w{i}",), flops=2e9))
+        prev = (f"l{i}",)
+    ops.append(ForwardOp(id="loss", kind="loss", inputs=prev, flops=1e6))
+    params = [ParamSpec(name=f"w{i}", shape=(2_000_000,), dtype="bfloat16" if i % 2 else "float32") for i in range(6)]
+    graph = training_graph("mixed", ops, params, device=DeviceSpec.preset("a100"), optimizer="sgd")
+    problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=64), mode="overlap",
+                      execution="compiled")
+    order, buckets, period = anchor_search(problem, engine_order(graph), max_evaluations=2000, time_limit_s=60)
+    assert all(len({graph.params[n].dtype for n in b}) == 1 for b in buckets)
+    plan = Plan.for_problem(problem, order=order, buckets=buckets, solver=SolverInfo(name="test"))
+    assert simulate(problem, plan).iteration_s <= period * (1 + 1e-9)
