@@ -1,4 +1,4 @@
-"""Overlap mode, compiled: which gradients travel before the anchor, which after, searched as one set.
+"""Overlap mode: which gradients travel before the anchor, which after, searched as one set.
 
 The anchor is the gradient that bounds the period most on its own: the work its closure (the backward
 ops it needs) takes, its all-reduce, then everything the next forward does from its first reader on
@@ -8,9 +8,10 @@ it (their ops run before its own, their bytes queue ahead of it) and those sent 
 travel in the next forward's shadow and must arrive before their first reader.
 
 For a fixed channel sequence of units, the backward run bucket by bucket
-(:func:`.common.bucket_first_order`) readies the first ``i`` units after exactly the work of their
-closures' union, and the channel is free when the backward starts (every collective ends before its
-reader in the forward). The period is then the least ``T`` with
+(:func:`.common.bucket_first_order`, in a compiled problem) readies the first ``i`` units after
+exactly the work of their closures' union (eager: the engine's order stays, and they are ready when
+the last of their ops ends), and the channel is free when the backward starts (every collective ends
+before its reader in the forward). The period is then the least ``T`` with
 
 - the compute: backward + forward + updates <= ``T``;
 - each bucket ``b``: ``end_b + W(b) <= T``, where ``end_b`` = ``max(end_{b-1}, ready_b) + call +
@@ -71,23 +72,31 @@ class AnchorSequences:
         position = {o: i for i, o in enumerate(backward)}
         self.op_s = np.array([graph.ops[o].duration_s for o in backward])
         self.closure = [np.array(sorted(position[o] for o in _backward_ancestors(graph, names)), dtype=int)
-                        for names in state.units]
-        self.closure_s = np.array([self.op_s[c].sum() for c in self.closure])
+                        for names in state.units] if problem.reorders else []
+        # when a unit is ready: its closure's work where the backward runs bucket by bucket, else
+        # (eager: the engine's order stays) when its op ends in ``order``
+        self.reorders = problem.reorders
+        ends = np.cumsum(self.op_s)
+        self.release = (np.array([self.op_s[c].sum() for c in self.closure]) if self.reorders else
+                        np.array([ends[position[graph.params[names[0]].grad_op]] for names in state.units]))
         self.budget = Budget(10**12, np.inf)  # DPs counted (anchor_search sets a real one)
 
     def anchor(self) -> int:
         """The unit whose closure, all-reduce and forward tail alone take longest."""
-        return int(np.argmax(self.closure_s + self.call_s + self.bytes_s + np.maximum(self.tail, 0.0)))
+        return int(np.argmax(self.release + self.call_s + self.bytes_s + np.maximum(self.tail, 0.0)))
 
     def canonical(self, anchor: int, before: set[int]) -> list[int]:
-        """The units of ``before`` by closure work, ``anchor``, the rest by first reader."""
-        pre = sorted((u for u in before if u != anchor), key=lambda u: (self.closure_s[u], u))
+        """The units of ``before`` by release, ``anchor``, the rest by first reader."""
+        pre = sorted((u for u in before if u != anchor), key=lambda u: (self.release[u], u))
         post = sorted((u for u in range(self.n) if u not in before and u != anchor),
-                      key=lambda u: (-self.tail[u], self.closure_s[u], u))
+                      key=lambda u: (-self.tail[u], self.release[u], u))
         return pre + [anchor] + post
 
     def ready(self, seq: Sequence[int]) -> np.ndarray:
-        """When the first ``i + 1`` units of ``seq`` are ready, for every ``i``: their closures' work."""
+        """When the first ``i + 1`` units of ``seq`` are ready, for every ``i``: their closures' work
+        (eager: the latest of their ops' ends)."""
+        if not self.reorders:
+            return np.maximum.accumulate(self.release[list(seq)])
         done = np.zeros(len(self.op_s), dtype=bool)
         out, t = np.empty(len(seq)), 0.0
         for i, u in enumerate(seq):
@@ -150,7 +159,7 @@ class AnchorSequences:
         """The op order and the buckets (parameter names) of ``seq`` at ``period``."""
         buckets = self.buckets(seq, self.ready(seq), period)
         names = self.state.names(buckets)
-        return bucket_first_order(self.graph, self.order, names), names
+        return (bucket_first_order(self.graph, self.order, names) if self.reorders else self.order), names
 
 
 def anchor_search(problem: Problem, order: Sequence[str], *, max_evaluations: int, time_limit_s: float,

@@ -97,15 +97,27 @@ def test_the_search_only_improves_and_depends_on_its_seed_only():
     assert period * (1 - 1e-6) - model.update_s <= simulate(problem, plan).iteration_s <= period * (1 + 1e-9)
 
 
-def test_cpsat_warm_starts_hold_the_anchor_search_only_where_ops_may_move():
+def test_cpsat_warm_starts_hold_the_anchor_search_and_an_eager_one_keeps_the_engine_order():
     problem = tied()
     options = CpsatOptions(num_workers=1, time_limit_s=20)
     compiled = warm_starts(problem, options, Deadline(20))
     assert any(p.solver.name == "anchor-search" for _, p in compiled)
     eager = Problem(graph=problem.graph, cluster=problem.cluster, mode="overlap", execution="eager")
-    assert not any(p.solver.name == "anchor-search" for _, p in warm_starts(eager, options, Deadline(20)))
+    found = [p for _, p in warm_starts(eager, options, Deadline(20)) if p.solver.name == "anchor-search"]
+    assert found and all(list(p.order) == engine_order(problem.graph) for p in found)
     off = CpsatOptions.make({"anchor_search": False}, num_workers=1, time_limit_s=20)
     assert not any(p.solver.name == "anchor-search" for _, p in warm_starts(problem, off, Deadline(20)))
+
+
+def test_in_eager_mode_the_dp_period_bounds_the_simulated_one_too():
+    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=64), mode="overlap",
+                      execution="eager")
+    model = AnchorSequences(problem, engine_order(problem.graph))
+    rng = random.Random(1)
+    for _ in range(10):
+        seq = model.canonical(model.anchor(), {u for u in range(model.n) if rng.random() < 0.5})
+        period = model.period(seq)
+        assert period * (1 - 1e-6) - model.update_s <= simulated(problem, model, seq, period) <= period * (1 + 1e-9)
 
 
 def test_a_bucket_holds_one_dtype():

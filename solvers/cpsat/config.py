@@ -87,7 +87,7 @@ class CpsatOptions:
     #: the forward waits for, their ops with them (:mod:`..deferral`; GPT-2 small on 8 x 100 GbE:
     #: 117.71 -> 115.84 ms from the search's local optimum).
     search_deferral_share: float = 0.3
-    #: Overlap mode, compiled: also run :mod:`..anchor_search` (which units travel before the
+    #: Overlap mode: also run :mod:`..anchor_search` (which units travel before the
     #: anchor gradient, which after) beside the bucket searches (GPT-2 small, 64 x 100 GbE: 121.37 ms
     #: in 20 s; the bucket searches and deferral: 122.05 ms in 30 s).
     anchor_search: bool = True

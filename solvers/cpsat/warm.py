@@ -98,13 +98,13 @@ def _searched(problem: Problem, starts: list[Plan], options: CpsatOptions, deadl
     started yet, so the other core would idle (each start then gets the whole share of the time).
     Each start has its own seed: the search's basin depends on it (Inception, 64 x 100 GbE, seeds
     0-3: 3.96%, 5.71%, 3.56%, 5.15% gap with one seed for both starts; 5.15% -> 4.36% for seed 3).
-    A compiled problem also gets the anchor search (:mod:`..anchor_search`), from the best start's
-    order, in the last lane, where it takes ``anchor_search_share`` of the lane's time.
+    The anchor search (:mod:`..anchor_search`) runs from the best start's order in the last lane,
+    where it takes ``anchor_search_share`` of the lane's time.
     """
     processes = min(options.num_workers, len(starts))
     lane_s = deadline.share(options.search_share) * processes / len(starts)
     lanes = [[(search_buckets, plan, lane_s)] for plan in starts]
-    if problem.reorders and options.anchor_search:
+    if options.anchor_search:
         held = options.anchor_search_share * lane_s
         lanes[-1] = [(search_buckets, starts[-1], lane_s - held), (search_anchor, starts[0], held)]
     jobs = [[(search, problem, list(plan.order), [list(b.params) for b in plan.buckets], options.seed + 1000 * k,
