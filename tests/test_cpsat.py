@@ -481,6 +481,29 @@ def test_constant_overlap_bound_holds_for_random_plans(case):
     assert split.bound * tick_s <= period + slack
 
 
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=st.one_of(small_graphs(), tied_graphs()), world_size=st.integers(2, 64),
+       bandwidth=st.floats(1e8, 1e10), latency=st.floats(0, 1e-4))
+def test_the_eager_split_bound_never_exceeds_the_best_bucketing_in_the_engine_order(graph, world_size, bandwidth,
+                                                                                     latency):
+    """Eager: the releases are the ops' ends in the engine's order, which every plan keeps; no ordered
+    bucketing in that order beats the bound."""
+    from schedopt.orders import engine_order
+    from schedopt.solvers.cpsat.split_bound import in_order, split_bound
+
+    problem = Problem(execution="eager", graph=graph, cluster=Cluster(world_size=world_size, bandwidth_Bps=bandwidth,
+                                                latency_s=latency, call_s=1e-5), mode="overlap")
+    order = engine_order(graph)
+    best = min(simulate(problem, Plan.for_problem(problem, order=order, buckets=b, solver=SolverInfo(name="bf")))
+               .iteration_s for b in _ordered_partitions(list(graph.params)))
+    model, tick_s = _overlap_model(problem, order)
+    slack = (len(graph.ops) + 2 * len(graph.params) + 2) * tick_s
+    items = in_order(model.items, model.dur, model.coarse.chains, order)
+    split = split_bound(items, model.dur, model.coarse.edges, model.A, floor=0, upper=int(3 * best / tick_s),
+                        seconds=5, min_share=0.0, max_items=100, num_workers=1, closures=False)
+    assert split.bound * tick_s <= best + slack
+
+
 def test_the_split_bound_rises_above_the_constant_bounds_where_the_first_layers_are_finished_last():
     """transformer_like ties wte to the head (finished last, read first); the first block's weight
     gradients are ready only near the end of the backward and read right after wte: they queue

@@ -32,7 +32,7 @@ from .phases import overlap_ops, split_prefix
 from .recheck import on_ranks
 from .relaxation import Relaxation, max_calls, order_of, relax
 from .sharded import ShardedOptions, solve_sharded
-from .split_bound import split_bound
+from .split_bound import in_order, split_bound
 from .warm import warm_starts
 
 __all__ = ["solve_cpsat", "CpsatProgress"]
@@ -192,12 +192,15 @@ class _Solve:
 
     def split(self, model: OverlapModel, upper: int) -> None:
         """The anchor-split relaxation (:mod:`.split_bound`), where the closure relaxation has too many
-        calls to solve: its bound joins the model's constant bound."""
-        options = self.options
-        result = split_bound(model.items, model.dur, model.coarse.edges, model.A, floor=model.static_bound,
+        calls to solve: its bound joins the model's constant bound. Eager: the releases are the ops'
+        ends in the engine's order (every plan of the problem keeps it)."""
+        options, reorders = self.options, self.problem.reorders
+        items = model.items if reorders else in_order(model.items, model.dur, model.coarse.chains,
+                                                      list(self.hint_plan.order))
+        result = split_bound(items, model.dur, model.coarse.edges, model.A, floor=model.static_bound,
                              upper=upper, seconds=options.split_share * self.deadline.left(),
                              min_share=options.split_min_share, max_items=options.split_max_items,
-                             num_workers=options.num_workers, seed=options.seed)
+                             num_workers=options.num_workers, seed=options.seed, closures=reorders)
         self.stats.update(split_bound=result.status, split_bound_s=self.seconds(result.bound))
         if result.bound > model.static_bound:
             model.static_bound = result.bound

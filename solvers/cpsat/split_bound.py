@@ -37,7 +37,7 @@ import networkx as nx
 
 from .capped import solve_capped
 
-__all__ = ["SplitBound", "split_bound"]
+__all__ = ["SplitBound", "in_order", "split_bound"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class SplitBound:
 
 def split_bound(items: list[tuple[int, int, int, int]], op_ticks: list[int], edges: set[tuple[int, int]],
                 call: int, *, floor: int, upper: int, seconds: float, min_share: float, max_items: int,
-                num_workers: int = 2, seed: int = 0) -> SplitBound:
+                num_workers: int = 2, seed: int = 0, closures: bool = True) -> SplitBound:
     """Raise ``floor`` (a bound already known) towards ``upper`` (a known period) for ``seconds``.
 
     ``items``: per parameter ``(coarse op, release, tail, transfer)`` in ticks
@@ -60,7 +60,9 @@ def split_bound(items: list[tuple[int, int, int, int]], op_ticks: list[int], edg
     and the step by half (the steps start at a 32nd of the range: the answers take longer near the
     optimum, and one asked too high is time lost); a solution lowers ``upper`` to its ``T``; no
     answer is never asked again, and the step becomes a third of the way there. Skipped (``floor``
-    returned) above ``max_items`` parameters kept.
+    returned) above ``max_items`` parameters kept. ``closures=False`` (the op order is fixed, and
+    ``items`` carry their releases in it: :func:`in_order`): the anchor's call starts after its own
+    release, every other op having run by then or not as the order says.
     """
     deadline = time.perf_counter() + seconds
     if not items or floor >= upper:
@@ -70,7 +72,7 @@ def split_bound(items: list[tuple[int, int, int, int]], op_ticks: list[int], edg
     if len(kept) > max_items:
         return SplitBound(bound=floor, status=f"skipped: {len(kept)} parameters")
     model = _Model([items[i] for i in kept], kept.index(anchor), op_ticks, edges, call,
-                   horizon=2 * upper + sum(op_ticks) + 1)
+                   horizon=2 * upper + sum(op_ticks) + 1, closures=closures)
     low, top, status = floor, upper, "UNKNOWN"
     ceiling = top  # the least target asked and left unanswered, or top
     precision = max(upper // 5000, 1)
@@ -87,10 +89,23 @@ def split_bound(items: list[tuple[int, int, int, int]], op_ticks: list[int], edg
             ceiling, step = target, max((target - low) // 3, precision)
     return SplitBound(bound=low, status="closed" if top - low <= precision else status)
 
+def in_order(items: list[tuple[int, int, int, int]], op_ticks: list[int], chains: list[list[str]],
+              order: list[str]) -> list[tuple[int, int, int, int]]:
+    """``items`` with each release the end of its coarse op when the ops run in ``order`` (eager: the
+    engine's order stays), counted from the first backward op."""
+    position = {o: k for k, o in enumerate(order)}
+    ranked = sorted(range(len(chains)), key=lambda i: position[chains[i][0]])
+    end, clock = [0] * len(chains), 0
+    for i in ranked:
+        clock += op_ticks[i]
+        end[i] = clock
+    return [(op, end[op], tail, cost) for op, _, tail, cost in items]
+
+
 class _Model:
     """The relaxation as one CP-SAT model (module docstring); each :meth:`solve` caps ``T`` anew."""
 
-    def __init__(self, items, anchor: int, op_ticks, edges, call: int, *, horizon: int):
+    def __init__(self, items, anchor: int, op_ticks, edges, call: int, *, horizon: int, closures: bool):
         from ortools.sat.python import cp_model
 
         op, release, tail, cost = (list(x) for x in zip(*items))
@@ -100,7 +115,10 @@ class _Model:
         n = len(items)
         pre = [m.NewBoolVar(f"pre[{i}]") if i != anchor else m.NewConstant(0) for i in range(n)]
         post = [1 - pre[i] if i != anchor else 1 for i in range(n)]
-        self._closures(pre, op, anchor, op_ticks, edges, S)
+        if closures:
+            self._closures(pre, op, anchor, op_ticks, edges, S)
+        else:
+            m.Add(S >= release[anchor])
         # pre calls: runs of increasing release, each starting after its last member's release, ending by S
         P = sorted((i for i in range(n) if i != anchor), key=lambda i: (release[i], i))
         close = [m.NewBoolVar(f"close[{i}]") for i in P]
