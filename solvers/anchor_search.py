@@ -82,7 +82,7 @@ class AnchorSequences:
         self.budget = Budget(10**12, np.inf)  # DPs counted (anchor_search sets a real one)
 
     def anchor(self) -> int:
-        """The unit whose closure, all-reduce and forward tail alone take longest."""
+        """The unit whose release, all-reduce and forward tail alone take longest."""
         return int(np.argmax(self.release + self.call_s + self.bytes_s + np.maximum(self.tail, 0.0)))
 
     def canonical(self, anchor: int, before: set[int]) -> list[int]:

@@ -10,9 +10,9 @@ mode's gain is. It runs in rounds; after each, the backward order becomes the
 when that is faster, so gradients the search holds back also let their ops
 wait (GPT-2 small, 8 x 100 GbE: 119.2 -> 117.6 ms), and in a compiled problem buckets are then held
 back behind the one the forward waits for, their ops with them (:mod:`..deferral`: 117.71 -> 115.84 ms).
-A compiled problem also gets the anchor search (:mod:`..anchor_search`): which gradients travel before
-the one that bounds the period most on its own, which after, with the exact bucketing of each split
-(GPT-2 small, 64 x 100 GbE: 122.05 -> 121.41 ms; 8 x 100 GbE: 115.49 -> 114.30 ms).
+Beside them runs the anchor search (:mod:`..anchor_search`): which gradients travel before the one
+that bounds the period most on its own, which after, with the exact bucketing of each split (GPT-2
+small, 64 x 100 GbE, compiled: 122.05 -> 121.41 ms; 8 x 100 GbE: 115.49 -> 114.30 ms).
 """
 
 from __future__ import annotations
