@@ -132,12 +132,20 @@ def testbed_section() -> list[str]:
 # ----------------------------------------------------------------------------- simulated
 
 
-def solver_quality_section() -> list[str]:
-    data = load("solver_quality.json")
+#: ``bench/solver_quality.py``'s case filters and their defaults (a result names those it narrowed).
+SOLVER_QUALITY_DEFAULTS = {"models": "resnet50,vgg16,inception,gpt2_small,bert_base", "world_sizes": "8,64",
+                           "networks": "10gbe,100gbe", "modes": "barrier,overlap"}
+
+
+def solver_quality_section(name: str = "solver_quality.json",
+                           title: str = "Solvers on simulated clusters") -> list[str]:
+    data = load(name)
     rows, args = data["rows"], data["arguments"]
-    lines = ["## Solvers on simulated clusters", "",
-             f"`python bench/solver_quality.py --time-limit {args['time_limit']:g} --seed {args['seed']}`"
-             f" (execution `{args['execution']}`, A100 op costs, {args['workers']} CP-SAT workers): every"
+    narrowed = "".join(f" --{k.replace('_', '-')} {args[k]}" for k, v in SOLVER_QUALITY_DEFAULTS.items()
+                       if args.get(k, v) != v)
+    lines = [f"## {title}", "",
+             f"`python bench/solver_quality.py --time-limit {args['time_limit']:g} --seed {args['seed']}"
+             f"{narrowed} --execution {args['execution']}` (A100 op costs, {args['workers']} CP-SAT workers): every"
              " heuristic and `cpsat` on each model, world size, network and mode; ms per iteration (overlap:"
              " the steady-state period), cpsat's proven gap to its bound.", ""]
     body = []
@@ -330,8 +338,13 @@ def diagnose_summary() -> dict[str, float]:
             "models": ", ".join(r["model"].rpartition(":")[2] for r in rows)}
 
 
+def eager_solver_quality_section() -> list[str]:
+    return solver_quality_section("solver_quality_eager_100gbe.json",
+                                  "The transformers in eager overlap mode (the engine's op order kept)")
+
+
 SECTIONS: tuple[Callable[[], list[str]], ...] = (
-    solver_quality_section, sharded_section, execution_section, stragglers_section, testbed_section,
+    solver_quality_section, eager_solver_quality_section, sharded_section, execution_section, stragglers_section, testbed_section,
     diagnose_section, accuracy_section, overhead_section, steady_state_section)
 
 
