@@ -27,6 +27,7 @@ from schedopt.units import format_bandwidth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kept import SUFFIX, read_kept  # noqa: E402
+from solver_quality import CASES as SOLVER_QUALITY_CASES  # noqa: E402
 from testbed import kept_runs, periods_of, rate_Bps, round_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,16 +133,11 @@ def testbed_section() -> list[str]:
 # ----------------------------------------------------------------------------- simulated
 
 
-#: ``bench/solver_quality.py``'s case filters and their defaults (a result names those it narrowed).
-SOLVER_QUALITY_DEFAULTS = {"models": "resnet50,vgg16,inception,gpt2_small,bert_base", "world_sizes": "8,64",
-                           "networks": "10gbe,100gbe", "modes": "barrier,overlap"}
-
-
 def solver_quality_section(name: str = "solver_quality.json",
                            title: str = "Solvers on simulated clusters") -> list[str]:
     data = load(name)
     rows, args = data["rows"], data["arguments"]
-    narrowed = "".join(f" --{k.replace('_', '-')} {args[k]}" for k, v in SOLVER_QUALITY_DEFAULTS.items()
+    narrowed = "".join(f" --{k.replace('_', '-')} {args[k]}" for k, v in SOLVER_QUALITY_CASES.items()
                        if args.get(k, v) != v)
     lines = [f"## {title}", "",
              f"`python bench/solver_quality.py --time-limit {args['time_limit']:g} --seed {args['seed']}"

@@ -25,12 +25,16 @@ from heuristics import cached_graph  # noqa: E402
 from provenance import begin, write_result  # noqa: E402
 
 
+#: The case filters and their defaults: every case unless narrowed (``bench/report.py`` names the
+#: filters a result narrowed).
+CASES = {"models": "resnet50,vgg16,inception,gpt2_small,bert_base", "world_sizes": "8,64",
+         "networks": "10gbe,100gbe", "modes": "barrier,overlap"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="resnet50,vgg16,inception,gpt2_small,bert_base")
-    parser.add_argument("--world-sizes", default="8,64")
-    parser.add_argument("--networks", default="10gbe,100gbe")
-    parser.add_argument("--modes", default="barrier,overlap")
+    for name, default in CASES.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", default=default)
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--execution", default="compiled", choices=["eager", "compiled"],

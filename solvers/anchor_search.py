@@ -40,7 +40,7 @@ import numpy as np
 
 from schedopt.problem import Problem
 
-from .common import bucket_first_order
+from .common import backward_closure, bucket_first_order
 from .overlap_search import SteadyState, Budget
 
 __all__ = ["AnchorSequences", "anchor_search"]
@@ -52,9 +52,10 @@ _TOL = 1e-7
 class AnchorSequences:
     """Periods of channel sequences of units under their bucket-first order (module docstring)."""
 
-    def __init__(self, problem: Problem, order: Sequence[str]):
+    def __init__(self, problem: Problem, order: Sequence[str], state: SteadyState | None = None):
+        """``state``: the search's :class:`.overlap_search.SteadyState` of ``order``, if built already."""
         self.graph = graph = problem.graph
-        self.state = state = SteadyState(problem, order)
+        self.state = state = state or SteadyState(problem, order)
         self.order = list(order)
         self.n = len(state.units)
         forward = [o for o in order if graph.ops[o].phase == "forward"]
@@ -71,7 +72,7 @@ class AnchorSequences:
         self.compute_s = sum(graph.ops[o].duration_s for o in forward + backward) + self.update_s
         position = {o: i for i, o in enumerate(backward)}
         self.op_s = np.array([graph.ops[o].duration_s for o in backward])
-        self.closure = [np.array(sorted(position[o] for o in _backward_ancestors(graph, names)), dtype=int)
+        self.closure = [np.array(sorted(position[o] for o in backward_closure(graph, names)), dtype=int)
                         for names in state.units] if problem.reorders else []
         # when a unit is ready: its closure's work where the backward runs bucket by bucket, else
         # (eager: the engine's order stays) when its op ends in ``order``
@@ -163,12 +164,13 @@ class AnchorSequences:
 
 
 def anchor_search(problem: Problem, order: Sequence[str], *, max_evaluations: int, time_limit_s: float,
-                  seed: int = 0) -> tuple[list[str], list[list[str]], float] | None:
+                  seed: int = 0, state: SteadyState | None = None) -> tuple[list[str], list[list[str]], float] | None:
     """The best ``(order, buckets, modelled period)`` the flip search reaches (module docstring); None
     if the problem has fewer than two units or the time ran out before any period was found. It stops
     after ``max_evaluations`` DPs, so the result depends on the seed only; ``time_limit_s`` is a
-    safety net that cuts it shorter."""
-    model = AnchorSequences(problem, order)
+    safety net that cuts it shorter. ``state``: ``order``'s :class:`.overlap_search.SteadyState`, if
+    built already."""
+    model = AnchorSequences(problem, order, state)
     if model.n < 2:
         return None
     model.budget = Budget(max_evaluations, time.perf_counter() + time_limit_s)
@@ -215,15 +217,3 @@ def _descend(model: AnchorSequences, anchor: int, others: list[int], current: se
             break
     return current, current_t
 
-
-def _backward_ancestors(graph, names: Sequence[str]) -> set[str]:
-    """The backward ops that finish ``names``' gradients and their backward ancestors."""
-    stack = [graph.params[name].grad_op for name in names]
-    seen: set[str] = set()
-    while stack:
-        op = stack.pop()
-        if op in seen or graph.ops[op].phase != "backward":
-            continue
-        seen.add(op)
-        stack += graph.dag.predecessors(op)
-    return seen

@@ -10,8 +10,8 @@ from schedopt.graph import TrainGraph
 from schedopt.layout import graph_layout
 from schedopt.plan import Bucket
 
-__all__ = ["GradGroup", "bucket_first_order", "compute_end_times", "first_readers", "grad_groups",
-           "require_positive", "split_chunks"]
+__all__ = ["GradGroup", "backward_closure", "bucket_first_order", "compute_end_times", "first_readers",
+           "grad_groups", "require_positive", "split_chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +80,26 @@ def bucket_first_order(graph: TrainGraph, order: Sequence[str], buckets: Sequenc
     done: set[str] = set()
     backward: list[str] = []
     for bucket in buckets:
-        stack = [graph.params[name].grad_op for name in bucket]
-        needed: set[str] = set()
-        while stack:  # the not yet emitted backward ancestors (done is closed under ancestors)
-            op = stack.pop()
-            if op in done or op in needed or graph.ops[op].phase != "backward":
-                continue
-            needed.add(op)
-            stack += graph.dag.predecessors(op)
+        needed = backward_closure(graph, bucket, known=done)  # done is closed under ancestors
         backward += sorted(needed, key=position.__getitem__)
         done |= needed
     backward += [o for o in order if graph.ops[o].phase == "backward" and o not in done]
     rerun = iter(backward)
     return [next(rerun) if graph.ops[o].phase == "backward" else o for o in order]
+
+
+def backward_closure(graph: TrainGraph, names: Sequence[str], *, known: set[str] = frozenset()) -> set[str]:
+    """The backward ops that finish ``names``' gradients and their backward ancestors, leaving out
+    ``known`` and what lies only behind it (pass a set closed under ancestors)."""
+    stack = [graph.params[name].grad_op for name in names]
+    seen: set[str] = set()
+    while stack:
+        op = stack.pop()
+        if op in known or op in seen or graph.ops[op].phase != "backward":
+            continue
+        seen.add(op)
+        stack += graph.dag.predecessors(op)
+    return seen
 
 
 def require_positive(**values: float) -> None:

@@ -88,8 +88,8 @@ class CpsatOptions:
     #: 117.71 -> 115.84 ms from the search's local optimum).
     search_deferral_share: float = 0.3
     #: Overlap mode: also run :mod:`..anchor_search` (which units travel before the
-    #: anchor gradient, which after) beside the bucket searches (GPT-2 small, 64 x 100 GbE: 121.37 ms
-    #: in 20 s; the bucket searches and deferral: 122.05 ms in 30 s).
+    #: anchor gradient, which after) beside the bucket searches (GPT-2 small, 64 x 100 GbE, 60 s
+    #: solves in ``bench/solver_quality.py``: 121.41 ms with it, 122.05 with the bucket searches alone).
     anchor_search: bool = True
     #: ... in the last search lane (process), taking this share of its time from that lane's bucket search.
     anchor_search_share: float = 0.5

@@ -58,7 +58,7 @@ def split_bound(items: list[tuple[int, int, int, int]], op_ticks: list[int], edg
     DAG. Each step asks whether ``T <= low + step`` is feasible (at most halfway to the least target
     left unanswered, or to ``upper``), in a third of the time left: proven infeasible raises ``low``
     and the step by half (the steps start at a 32nd of the range: the answers take longer near the
-    optimum, and one asked too high is time lost); a solution lowers ``upper`` to its ``T``; no
+    optimum, and one asked too high is time lost); a solution lowers the top to its ``T``; no
     answer is never asked again, and the step becomes a third of the way there. Skipped (``floor``
     returned) above ``max_items`` parameters kept. ``closures=False`` (the op order is fixed, and
     ``items`` carry their releases in it: :func:`in_order`): the anchor's call starts after its own
@@ -151,7 +151,6 @@ class _Model:
             sent = sum(cost[j] * post[j] for j in Q[:k + 1])
             m.Add(self.T >= S + call * sum(opens[:k + 1]) + sent + rest[k] + tail[i]).OnlyEnforceIf(opens[k])
             m.Add(self.T >= S + call + sent + tail[i] * post[i])  # linear copy
-        self.S = S
 
     def _closures(self, pre, op, anchor, op_ticks, edges, S) -> None:
         """``S`` >= the work of a's closure and of every pre parameter's."""

@@ -169,8 +169,8 @@ def run_searches(lanes: list[list[tuple]], processes: int, grace_s: float,
         out = []
         for lane, result in zip(lanes, pending):
             result.wait(max(end - time.perf_counter(), 0.0))
-            if result.ready() and result.successful():
-                out.append(result.get())
+            if result.ready():
+                out.append(result.get())  # a search that failed raises its error here
             else:
                 notes["search"] = f"a bucket search overran its time by {grace_s:g} s and was stopped; nothing kept of it"
                 out.append([[] for _ in lane])
@@ -189,11 +189,12 @@ def search_anchor(problem: Problem, order: list[str], buckets: list[list[str]], 
     """:func:`..anchor_search.anchor_search` in ``order``'s units (``buckets`` unused: it starts from
     its own sets); the plan it found with its simulated period, or nothing (nothing either above
     ``options.anchor_search_max_units`` units)."""
-    units = len(SteadyState(problem, order).units)
+    state = SteadyState(problem, order)
+    units = len(state.units)
     if units > options.anchor_search_max_units:
         return []
     evaluations = min(options.anchor_search_evaluations, options.anchor_search_evaluations_per_unit * units)
-    found = anchor_search(problem, order, max_evaluations=evaluations, time_limit_s=time_s, seed=seed)
+    found = anchor_search(problem, order, max_evaluations=evaluations, time_limit_s=time_s, seed=seed, state=state)
     return [] if found is None else [(found[0], found[1], _period(problem, found[0], found[1]))]
 
 
