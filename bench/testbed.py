@@ -49,7 +49,9 @@ Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``predicted_s`` (``predicted_planning_s``: from the profile the plans were made with),
 ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
-``max(compute, comm)`` of the profiled graph on the calibrated cluster), in
+``max(compute, comm)`` of the profiled graph on the calibrated cluster) and
+``host_bound_s`` (the lower bound with the calibrated interference: no plan's
+period on this host is shorter), in
 overlap and osp modes the forward's measured and predicted waits per step,
 ``measured_phases_s`` (rank 0's forward, backward and optimizer, medians) beside
 ``predicted_phases_s`` (the simulated forward, backward and the rest), and the
@@ -510,14 +512,14 @@ def run_rounds(args, link: Link, modes: list[str], plan_of: dict[str, Path], wor
 def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, graph, cluster, r2: float,
                 work: Path, *, rate: str) -> list[dict]:
     """Step 6: a row per mode, predicted from the pooled profile (kept in ``work`` with each mode's plan)."""
-    from schedopt import Plan, Problem, lower_bound
+    from schedopt import Plan
     from schedopt.problem import DEFERRED_MODES
 
     from schedopt.importers.profile import pooled as pool
 
     pooled = pool(m.profiles) if m.profiles else graph
     pooled.save(work / POOLED)
-    bound = lower_bound(Problem(graph=pooled, cluster=cluster, mode="overlap"))  # max(compute, comm)
+    bound, host_bound = bounds(pooled, cluster)
     rows = []
     for mode in modes:
         plan = Plan.load(plan_of[mode])
@@ -534,7 +536,7 @@ def result_rows(args, modes: list[str], plan_of: dict[str, Path], m: Measured, g
             "predicted_s": period, "predicted_one_rank_s": timeline.iteration_s,
             "predicted_planning_s": predict(plan, graph, cluster).iteration_s,
             "profiled_s": [_step_s(g) for g in m.profiles], "compute_s": timeline.compute_s,
-            "comm_s": timeline.comm_s, "bound_s": bound,
+            "comm_s": timeline.comm_s, "bound_s": bound, "host_bound_s": host_bound,
             "measured_wait_median_s": statistics.median(m.waits[mode]) if m.waits[mode] else None,
             "predicted_wait_s": _steady_waits(timeline) if plan.mode in DEFERRED_MODES else None,
             "speedup_vs_ddp": round_ratio(m.periods["ddp"], m.periods[mode]) if "ddp" in modes else None,
@@ -686,7 +688,27 @@ def recompute(dirs: list[str]) -> int:
             if len(runs) > 2 and mode != base:
                 print("    " + ", ".join(f"{round_ratio(periods[o], periods[mode]):.3f}x {o}" for o in runs
                                          if o not in (base, mode)))
+        if graph is not None and cluster is not None:
+            print("  " + bound_line({m: statistics.median(periods[m]) for m in runs}, *bounds(graph, cluster)))
     return 0
+
+
+def bounds(graph, cluster) -> tuple[float, float]:
+    """(``max(compute, comm)``, the lower bound with the cluster's interference) of ``graph``: no plan in any
+    mode is faster than either; the second counts the compute beside the wire running slower."""
+    from schedopt import Problem, lower_bound
+    from schedopt.report import perfect_overlap_s
+
+    problem = Problem(graph=graph, cluster=cluster, mode="overlap")
+    return perfect_overlap_s(problem), lower_bound(problem)
+
+
+def bound_line(measured: dict[str, float], bound: float, host_bound: float) -> str:
+    """The best measured period against both bounds of :func:`bounds`."""
+    mode = min(measured, key=measured.get)
+    return (f"bounds: max(compute, comm) {bound * 1e3:.1f} ms; with the calibrated interference {host_bound * 1e3:.1f} "
+            f"ms; the fastest mode, {mode}, {measured[mode] * 1e3:.1f} ms: {measured[mode] / bound:.3f}x the first, "
+            f"{measured[mode] / host_bound:.3f}x the second")
 
 
 def _step_s(graph) -> float:
@@ -728,6 +750,8 @@ def print_table(rows: list[dict]) -> None:
               f"{r['predicted_s'] * 1e3:10.1f} {r['prediction_error']:+7.1%} "
               f"{r['compute_s'] * 1e3:8.1f} {r['comm_s'] * 1e3:8.1f} {r['bound_s'] * 1e3:8.1f} "
               f"{r['speedup_vs_ddp'] if r['speedup_vs_ddp'] is not None else r['speedup_vs_fsdp']:8.3f}")
+    if rows and rows[0].get("host_bound_s"):
+        print(bound_line({r["mode"]: r["measured_s"] for r in rows}, rows[0]["bound_s"], rows[0]["host_bound_s"]))
     for r in rows:
         if r["mode"] in ("barrier-compiled", "compiled"):
             print(f"{r['mode']}: " + ", ".join(f"{ratio:.3f}x {other}" for other, ratio in r["speedup_vs"].items()))

@@ -25,7 +25,9 @@ one object per solver. The keys of a row are stable; scripts parse them:
                           the ``pytorch-ddp`` plan in ``barrier`` mode, as
                           torch runs it, in every mode
 ``perfect_overlap_s``     ``max(compute, comm)``: no plan in any mode is faster
-                          (compute, and one all-reduce of every byte)
+                          (compute, and one all-reduce of every byte; without
+                          the cluster's interference, which ``lower_bound_s``
+                          adds)
 ``headroom_share``        ``(T_ddp - T) / (T_ddp - perfect_overlap_s)``: the
                           share of what DDP leaves on the table this plan
                           takes (null when DDP is at the bound)
@@ -86,12 +88,14 @@ def comparison_json(problem: Problem, rows: Sequence[dict[str, Any]]) -> dict[st
 
 
 def perfect_overlap_s(problem: Problem) -> float:
-    """``max(compute, comm)`` of ``problem``'s graph on its cluster: the overlap-mode lower bound."""
+    """``max(compute, comm)`` of ``problem``'s graph on its cluster: the overlap-mode lower bound without
+    interference (with it, ``lower_bound_s`` is higher: compute beside the wire runs slower)."""
     from dataclasses import replace
 
     from .simulate import lower_bound
 
-    return lower_bound(replace(problem, mode="overlap", memory_budget_bytes=None))
+    quiet = replace(problem.cluster, interference=0.0)
+    return lower_bound(replace(problem, cluster=quiet, mode="overlap", memory_budget_bytes=None))
 
 
 def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:

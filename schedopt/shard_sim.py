@@ -40,7 +40,7 @@ from .orders import engine_order
 from .plan import Plan
 from .problem import Problem
 from .sharding import Geometry
-from .steady import Machine
+from .steady import Machine, least_span
 
 __all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes"]
 
@@ -192,6 +192,9 @@ def sharded_lower_bound(problem: Problem) -> float:
       in between (``D``, that span's compute) only the all-gathers that fetch parameters a second
       time can use it. Those move at least ``again`` bytes (:func:`regathered_bytes`: what the
       budget cannot hold between a parameter's reads), in collectives of their own.
+
+    With interference the compute beside the channel's collectives runs slower: ``compute`` becomes
+    :func:`.steady.least_span` of it and the channel's busy time (``AG(all) + RS(all) + AG(again)``).
     """
     graph, cluster = problem.graph, problem.cluster
     order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
@@ -223,8 +226,9 @@ def sharded_lower_bound(problem: Problem) -> float:
         gap = max(0.0, after[q] - after[g1 + 1])
     again = regathered_bytes(problem)
     second = max(gap, gather(again) if again > 0 else 0.0)
-    channel = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + second
-    return t_opt + max(compute, forward + backward_s, channel)
+    once = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes)
+    wire = once + (gather(again) if again > 0 else 0.0)  # what the channel is busy for, at least
+    return t_opt + max(least_span(compute, wire, cluster.effective_interference), forward + backward_s, once + second)
 
 
 def _held_levels(problem: Problem) -> tuple[list[str], Geometry, list[float]]:

@@ -31,11 +31,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["Machine", "StepProgram", "SteadyStateRun", "run_steady_state", "MAX_STEPS"]
+__all__ = ["Machine", "StepProgram", "SteadyStateRun", "run_steady_state", "least_span", "MAX_STEPS"]
 
 #: Steps simulated at most before a plan counts as not converged.
 MAX_STEPS = 64
 _TOL = 1e-12
+
+
+def least_span(compute: float, wire: float, interference: float, *, idle: float = 0.0) -> float:
+    """The least time in which a :class:`Machine` does ``compute`` of work and keeps its channel busy for
+    ``wire``, when the first ``idle`` of the work must end before any collective starts.
+
+    The span splits into time the channel is busy (at least ``wire``) and time it is idle; work runs at
+    full speed only in the idle time, ``1/(1+f)`` as fast in the busy time. With ``y`` of the work done
+    beside collectives (at most ``compute - idle``), the span is at least ``compute - y + max(wire,
+    (1+f) y)``, least at ``y = min(wire/(1+f), compute - idle)``:
+    ``max(idle + wire, compute + f min(wire/(1+f), compute - idle))``; with ``f = 0`` that is
+    ``max(compute, idle + wire)``.
+    """
+    idle = min(idle, compute)
+    return max(idle + wire, compute + interference * min(wire / (1.0 + interference), compute - idle))
 
 
 class Machine:

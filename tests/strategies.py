@@ -37,13 +37,15 @@ def train_graphs(draw, max_ops: int = 8) -> TrainGraph:
 
 
 @st.composite
-def clusters(draw) -> Cluster:
+def clusters(draw, interference: bool = False) -> Cluster:
+    """Random clusters; with ``interference``, half of them slow compute beside collectives (0.05 to 3)."""
     return Cluster(
         world_size=draw(st.integers(1, 64)),
         bandwidth_Bps=draw(st.floats(1e8, 1e11)),
         latency_s=draw(st.floats(0, 1e-4)),
         call_s=draw(st.floats(0, 5e-5)),
         algorithm=draw(st.sampled_from(["ring", "tree"])),
+        interference=draw(st.one_of(st.just(0.0), st.floats(0.05, 3.0))) if interference else 0.0,
     )
 
 
@@ -77,9 +79,10 @@ def random_buckets(draw, graph: TrainGraph) -> list[Bucket]:
 
 
 @st.composite
-def problems_and_plans(draw, max_ops: int = 8) -> tuple[Problem, Plan]:
+def problems_and_plans(draw, max_ops: int = 8, interference: bool = False) -> tuple[Problem, Plan]:
     graph = draw(train_graphs(max_ops=max_ops))
-    problem = Problem(execution="compiled", graph=graph, cluster=draw(clusters()), mode=draw(st.sampled_from(["barrier", "overlap"])))
+    problem = Problem(execution="compiled", graph=graph, cluster=draw(clusters(interference)),
+                      mode=draw(st.sampled_from(["barrier", "overlap"])))
     plan = Plan.for_problem(problem, order=draw(random_orders(graph)), buckets=draw(random_buckets(graph)),
                             solver=SolverInfo(name="random"))
     return problem, plan

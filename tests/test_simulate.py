@@ -8,6 +8,7 @@ import pytest
 
 from schedopt import Bucket, Cluster, Plan, Problem, TrainGraph, lower_bound, simulate
 from schedopt.plan import SolverInfo
+from schedopt.report import perfect_overlap_s
 
 from .conftest import MS, op, param
 
@@ -197,3 +198,26 @@ def test_steady_window_repeats_a_barrier_step_and_cuts_an_overlap_run_at_a_late_
     assert first.start_s == 0.0 and all(e.start_s < 2 * overlap.iteration_s for e in window)
     assert {e.step for e in window if e.track == "compute"} <= {overlap.num_steps - 3, overlap.num_steps - 2,
                                                                  overlap.num_steps - 1}
+
+
+def test_the_lower_bound_counts_the_compute_slowed_beside_the_wire(chain3, two_ranks):
+    """With interference f, compute beside a collective runs 1/(1+f) as fast, so the bound's
+    max(compute, C_all) becomes max(idle + C_all, compute + f min(C_all/(1+f), compute - idle)).
+
+    barrier, f = 3 (idle: b2's ancestors, 3 ms, run before any collective; C_all 4 ms):
+    0.5 + max(3 + 4, 6 + 3 min(1, 3), union 6 + c(w2) 2) = 9.5 ms (8.5 without); the plans take 11 and 10.5.
+    overlap, f = 1: max(4, 6.5 + min(2, 6.5)) = 8.5 ms (6.5 without); the plan takes 31/3.
+    ``perfect_overlap_s`` stays max(compute, comm) = 6.5 ms.
+    """
+    barrier = Problem(execution="compiled", graph=chain3, cluster=replace(two_ranks, interference=3.0), mode="barrier")
+    assert lower_bound(barrier) == pytest.approx(9.5 * MS)
+    assert lower_bound(replace(barrier, cluster=two_ranks)) == pytest.approx(8.5 * MS)
+    order = ["fwd", "b2", "b1", "opt"]
+    two = simulate(barrier, make_plan(barrier, order, [["w2"], ["w1"]]))
+    one = simulate(barrier, make_plan(barrier, order, [["w2", "w1"]]))
+    assert (two.iteration_s, one.iteration_s) == (pytest.approx(11 * MS), pytest.approx(10.5 * MS))
+    assert two.lower_bound_s == pytest.approx(9.5 * MS)
+    overlap = Problem(execution="compiled", graph=chain3, cluster=replace(two_ranks, interference=1.0), mode="overlap")
+    assert lower_bound(overlap) == pytest.approx(8.5 * MS)
+    assert simulate(overlap, make_plan(overlap, order, [["w2"], ["w1"]])).iteration_s == pytest.approx(31 * MS / 3)
+    assert perfect_overlap_s(overlap) == pytest.approx(6.5 * MS)
