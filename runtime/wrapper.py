@@ -44,6 +44,7 @@ from schedopt.errors import InvalidPlanError, UnusedParameterError
 from schedopt.plan import Plan
 
 from .buffers import GradientBuffers
+from .channel import FifoChannel
 from .deferred import DeferredUpdates
 from .modes import DeferredSync, SyncMode, sync_mode
 from .pace import PaceCheck
@@ -151,6 +152,12 @@ class ScheduledDataParallel(nn.Module):
     def deferred(self) -> DeferredUpdates | None:
         """Overlap and osp modes: the in-flight collectives, pending steps and settle records (read-only use)."""
         return self.sync.updates if isinstance(self.sync, DeferredSync) else None
+
+    @property
+    def channel(self) -> FifoChannel | None:
+        """gloo in overlap and osp modes: the channel the gradient collectives take one at a time (its
+        ``history`` holds when each was queued, started and done); None otherwise."""
+        return self.sync.channel if isinstance(self.sync, DeferredSync) else None
 
     # ------------------------------------------------------------ user API
 

@@ -114,10 +114,12 @@ def test_plan_takes_a_cluster_file_and_an_execution(tmp_path, capsys):
     assert "cluster file" in capsys.readouterr().err
 
 
-def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path):
+@pytest.mark.parametrize("mode", ["barrier", "overlap"])
+def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path, mode):
+    """Also what ran: in overlap mode on gloo, when rank 0 queued, started and ended each collective."""
     plan = tmp_path / "plan.json"
     assert main(["plan", f"{MODELS_FILE}:tiny_cnn", "--solver", "pytorch-ddp", "--world-size", "2",
-                 "-o", str(plan)]) == 0
+                 "--mode", mode, "-o", str(plan)]) == 0
     out = tmp_path / "run.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "examples" / "train.py"), "tiny_cnn", "--steps", "3", "--threads", "1", "--json", str(out)]
@@ -131,6 +133,12 @@ def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path):
     assert run["period_s"] == max(sum(ts) / 3 for ts in run["rank_step_s"])
     assert len(run["rank0_phases_s"]) == 3 and all(len(p) == 3 and min(p) > 0 for p in run["rank0_phases_s"])
     assert f"{run['period_s'] * 1e3:.1f} ms per step" in done.stdout
+    if mode == "overlap":
+        collectives = len(json.loads(plan.read_text())["buckets"])
+        assert len(run["rank0_transfers"]) >= 3 * collectives  # the warm-up's too
+        assert all(queued <= started <= done for _, queued, started, done in run["rank0_transfers"])
+    else:
+        assert run["rank0_transfers"] == []
 
 
 def test_profile_under_torchrun_times_every_rank_at_once(tmp_path):
