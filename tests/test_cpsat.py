@@ -311,6 +311,21 @@ def test_an_overlap_model_too_large_returns_the_warm_start_with_its_constant_bou
     assert compute * (1 - 1e-6) <= plan.solver.bound_s <= plan.predicted.iteration_s
 
 
+def test_the_bound_is_at_least_the_simulators_which_counts_interference():
+    """The CP-SAT models leave interference out; the simulator's lower bound counts it and holds for
+    every plan, so the reported bound is the higher of the two (here the simulator's)."""
+    graph = chain(8)
+    compute = graph.totals.forward_s + graph.totals.backward_s + graph.totals.optimizer_s
+    two = Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-5)
+    cluster = replace(two, bandwidth_Bps=1e9 * two.allreduce_s(graph.total_param_bytes) / compute)  # comm = compute
+    problem = Problem(execution="compiled", graph=graph, cluster=replace(cluster, interference=1.0), mode="overlap")
+    plan = get("cpsat")(problem, time_limit_s=3, num_workers=2)
+    floor = lower_bound(problem)
+    assert floor > lower_bound(replace(problem, cluster=cluster)) * 1.4  # 1.5x with f = 1
+    assert floor * (1 - 1e-9) <= plan.solver.bound_s <= plan.predicted.iteration_s * (1 + 1e-9)
+    assert plan.solver.stats["bound_covers"].startswith("every plan")  # the models' bound was 11% lower
+
+
 def test_barrier_defers_forward_ops_no_gradient_waits_for(two_ranks):
     """chain3 plus a 2 ms forward op nothing depends on (like BatchNorm's running-statistics update).
 

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from schedopt.errors import SolverError
 from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import MODES, Problem
-from schedopt.simulate import simulate
+from schedopt.simulate import lower_bound, simulate
 
 from ..interrupt import interruptible
 from ..registry import register
@@ -94,7 +94,7 @@ class _Solve:
 
     def run(self) -> Plan:
         """The plan; where the problem's ranks vary, the best of it and the best warm starts on them."""
-        plan = self.solve()
+        plan = self.floored(self.solve())
         if self.problem.rank_model is None or not self.problem.graph.params:
             return plan
         return on_ranks(self.problem, plan, self.candidates)
@@ -121,6 +121,16 @@ class _Solve:
                                  bound_s=self.constant_bound(model), covers=self.covers(model, constant=True),
                                  timed_out=True)
         return self.search(model)
+
+    def floored(self, plan: Plan) -> Plan:
+        """``plan`` with its bound raised to the simulator's lower bound where that is higher: it holds
+        for every plan, and unlike the CP-SAT models it counts interference (compute slowed beside the
+        wire: on gloo at 20%, ResNet-18 overlap, 706 against the model's 677 ms)."""
+        info, floor = plan.solver, lower_bound(self.problem)
+        if info.objective_s is None or (info.bound_s is not None and info.bound_s >= floor):
+            return plan
+        stats = {**info.stats, "simulator_bound_s": floor, "bound_covers": "every plan (the simulator's lower bound)"}
+        return replace(plan, solver=replace(info, bound_s=min(floor, info.objective_s), stats=stats))
 
     # ---------------------------------------------------------------- model
 
