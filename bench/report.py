@@ -387,12 +387,12 @@ def _testbed_headline(what: str, name: str, mode: str, against: str | None = Non
 
 
 def _limit_headline(*runs: tuple[str, str]) -> list[str]:
-    """A headline row: each run's fastest mode against ``max(compute, comm)`` and the host's bound."""
+    """A headline row: each run's fastest mode against ``max(compute, comm)`` and the bound with interference."""
     limits = [(model, host_limit(name)) for model, name in runs]
-    return ["the fastest mode against the limits, same runs (measured; the second bound counts compute slowed "
-            "beside the wire, as calibrated)",
+    return ["the fastest mode against the bounds, same runs (measured; the simulator's bound with interference "
+            "counts compute slowed beside the wire, as calibrated)",
             "; ".join(f"{model} {lim['mode']} {lim['over_bound']:.3f}x max(compute, comm), {lim['over_host']:.3f}x "
-                      f"the host's bound" for model, lim in limits),
+                      f"the bound with interference" for model, lim in limits),
             ", ".join(f"`{name}`" for _, name in runs)]
 
 

@@ -50,8 +50,9 @@ Prints a table; ``--json FILE`` writes one object per mode with ``mode``,
 ``speedup_vs_ddp``, ``compute_s`` and ``comm_s`` (the
 simulator's, for that plan), ``bound_s`` (the perfect-overlap bound
 ``max(compute, comm)`` of the profiled graph on the calibrated cluster) and
-``host_bound_s`` (the lower bound with the calibrated interference: no plan's
-period on this host is shorter), in
+``host_bound_s`` (the simulator's lower bound with the calibrated interference:
+no plan it models is faster; a run can measure below it where the calibration
+overstates the interference or the host sped up), in
 overlap and osp modes the forward's measured and predicted waits per step,
 ``measured_phases_s`` (rank 0's forward, backward and optimizer, medians) beside
 ``predicted_phases_s`` (the simulated forward, backward and the rest), and the
@@ -694,8 +695,9 @@ def recompute(dirs: list[str]) -> int:
 
 
 def bounds(graph, cluster) -> tuple[float, float]:
-    """(``max(compute, comm)``, the lower bound with the cluster's interference) of ``graph``: no plan in any
-    mode is faster than either; the second counts the compute beside the wire running slower."""
+    """(``max(compute, comm)``, the simulator's lower bound with the cluster's interference) of ``graph``: no
+    plan the simulator models is faster than either; the second counts the compute beside the wire running
+    slower, as calibrated."""
     from schedopt import Problem, lower_bound
     from schedopt.report import perfect_overlap_s
 
