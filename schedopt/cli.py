@@ -360,8 +360,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     print(f"plan       {plan.solver.name} [{plan.solver.status}], {_plan_shape(plan)}")
     print(f"cluster    {problem.cluster.describe()}")
     print(f"mode       {timeline.mode}")
+    slowed = f" (with compute {problem.cluster.effective_interference:.0%} slower beside the wire)" \
+        if problem.cluster.effective_interference else ""
     print(f"iteration  {format_duration(timeline.iteration_s)}   lower bound {format_duration(timeline.lower_bound_s)}"
-          f"   gap {timeline.gap * 100:.2f}%")
+          f"{slowed}   gap {timeline.gap * 100:.2f}%")
     print(f"compute    {format_duration(timeline.compute_s)}   comm {format_duration(timeline.comm_s)}"
           f"   exposed comm {format_duration(timeline.exposed_comm_s)}")
     if ranks is not None:

@@ -24,6 +24,25 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "schedopt", *args], capture_output=True, text=True, timeout=120)
 
 
+def test_simulate_says_when_its_lower_bound_counts_interference(tmp_path, graph_file, capsys):
+    plan = tmp_path / "plan.json"
+    assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "--world-size", "2", "--network", "10gbe",
+                 "--mode", "overlap", "-o", str(plan)]) == 0
+    cluster = {**json.loads(plan.read_text())["cluster"], "bandwidth_Bps": 1e11}  # comm beside compute
+    for name, interference in (("quiet", 0.0), ("noisy", 0.3)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({**cluster, "interference": interference}))
+    capsys.readouterr()
+    bounds = {}
+    for name in ("quiet", "noisy"):
+        extra = ["--cluster", str(tmp_path / f"{name}.json")]
+        assert main(["simulate", str(plan), str(graph_file), *extra]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("iteration"))
+        assert ("30% slower beside the wire" in line) == (name == "noisy"), line
+        assert main(["simulate", str(plan), str(graph_file), "--format", "json", *extra]) == 0
+        bounds[name] = json.loads(capsys.readouterr().out)["lower_bound_s"]
+    assert bounds["noisy"] > bounds["quiet"]
+
+
 def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     plan = tmp_path / "out" / "plan.json"
     assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "--world-size", "16", "--network", "25gbe",
