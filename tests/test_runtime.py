@@ -148,10 +148,11 @@ def test_without_a_plan_wrap_is_torch_ddp_and_schedopt_plan_is_read(tmp_path):
 
 def test_pytorch_ddp_plans_have_the_buckets_real_ddp_builds():
     # the tiny models fit one default bucket: 1 KiB buckets give them several (DDP then caps its first
-    # bucket at the same size); the full-size ones keep DDP's defaults (1 MiB first, then 25 MiB)
+    # bucket at the same size); the larger ones keep DDP's defaults (1 MiB first, then 25 MiB), ResNet-18
+    # and gpt_deep (its embedding tied to its head)
     cases = [(name, {}, 0.001) for name in ("tiny_cnn", "tiny_resnet", "tiny_vgg", "tiny_inception", "tiny_gpt",
                                            "tiny_bert", "tiny_branches")]
-    cases += [("resnet50", {"batch_size": 1}, None), ("gpt2_small", {"batch_size": 1, "seq_len": 16}, None)]
+    cases += [("resnet18", {"batch_size": 1}, None), ("gpt_deep", {"batch_size": 1, "seq_len": 16}, None)]
     real = run_ranks(workers.ddp_buckets, 1, cases, timeout_s=240)[0]
     models = workers.example_models()
     for name, kwargs, cap_mb in cases:
