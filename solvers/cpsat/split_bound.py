@@ -89,6 +89,7 @@ def split_bound(items: list[tuple[int, int, int, int]], op_ticks: list[int], edg
             ceiling, step = target, max((target - low) // 3, precision)
     return SplitBound(bound=low, status="closed" if top - low <= precision else status)
 
+
 def in_order(items: list[tuple[int, int, int, int]], op_ticks: list[int], chains: list[list[str]],
               order: list[str]) -> list[tuple[int, int, int, int]]:
     """``items`` with each release the end of its coarse op when the ops run in ``order`` (eager: the

@@ -172,7 +172,7 @@ def run_searches(lanes: list[list[tuple]], processes: int, grace_s: float,
             if result.ready():
                 out.append(result.get())  # a search that failed raises its error here
             else:
-                notes["search"] = f"a bucket search overran its time by {grace_s:g} s and was stopped; nothing kept of it"
+                notes["search"] = f"a search lane overran its time by {grace_s:g} s and was stopped; nothing kept of it"
                 out.append([[] for _ in lane])
         return out
     finally:
