@@ -42,7 +42,8 @@ from .problem import Problem
 from .sharding import Geometry
 from .steady import Machine, least_span
 
-__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes"]
+__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes",
+           "fewest_units"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
 
@@ -191,7 +192,9 @@ def sharded_lower_bound(problem: Problem) -> float:
       reduce-scatter starts before the first op that finishes a parameter's last gradient ends:
       in between (``D``, that span's compute) only the all-gathers that fetch parameters a second
       time can use it. Those move at least ``again`` bytes (:func:`regathered_bytes`: what the
-      budget cannot hold between a parameter's reads), in collectives of their own.
+      budget cannot hold between a parameter's reads), in collectives of their own;
+    - a budget caps how large a unit can be, so a plan has at least :func:`fewest_units` units, and
+      each one past the first adds an all-gather's and a reduce-scatter's intercept to the channel.
 
     With interference the compute beside the channel's collectives runs slower: ``compute`` becomes
     :func:`.steady.least_span` of it and the channel's busy time (``AG(all) + RS(all) + AG(again)``).
@@ -226,7 +229,9 @@ def sharded_lower_bound(problem: Problem) -> float:
         gap = max(0.0, after[q] - after[g1 + 1])
     again = regathered_bytes(problem)
     second = max(gap, gather(again) if again > 0 else 0.0)
-    once = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes)
+    # each unit past the first adds an all-gather's and a reduce-scatter's intercept
+    extra_units = max(0, fewest_units(problem) - 1) * (gather(0.0) + scatter(0.0))
+    once = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + extra_units
     wire = once + (gather(again) if again > 0 else 0.0)  # what the channel is busy for, at least
     return t_opt + max(least_span(compute, wire, cluster.effective_interference), forward + backward_s, once + second)
 
@@ -273,6 +278,39 @@ def memory_floor(problem: Problem) -> tuple[float, str]:
         return shards, "the shards only"
     j = max(range(len(order)), key=levels.__getitem__)
     return shards + levels[j], f"during {order[j]} ({graph.ops[order[j]].phase})"
+
+
+def fewest_units(problem: Problem) -> int:
+    """The fewest units with gradients that any plan within ``problem``'s budget has (1 with no budget).
+
+    At the op ``j`` where a unit's last gradient is finished, the unit holds all its parameters and
+    gradients unsharded (its post-backward comes after ``j``). Every plan holds ``held(j)`` then
+    (:func:`_held_levels`); a parameter of the unit that this per-parameter count does not hold at
+    ``j`` adds its bytes twice. So the units whose last gradient is finished at ``j`` hold at most
+    ``(budget - shards - held(j)) / 2`` bytes of such parameters, plus the parameters held at ``j``
+    whose last gradient is finished at or before it: ``cap(j)``. Every unit has one such op, so the
+    units are at least as many as the fewest ops whose caps add up to every gradient's bytes.
+    """
+    graph, budget = problem.graph, problem.memory_budget_bytes
+    if budget is None or not graph.params:
+        return 1
+    order, geometry, levels = _held_levels(problem)
+    live = [0.0] * (len(order) + 1)  # per position: bytes held there whose last gradient is at or before it
+    ends: set[int] = set()
+    total = 0.0
+    for name, touch in geometry.touches.items():
+        if not touch["grads"]:
+            continue
+        last, nbytes = max(touch["grads"]), graph.params[name].nbytes
+        live[last] += nbytes
+        live[max([last, *touch["backward"]]) + 1] -= nbytes
+        ends.add(last)
+        total += nbytes
+    live = list(accumulate(live[:-1]))
+    spare = budget - graph.total_param_bytes / problem.cluster.world_size
+    caps = sorted((max(0.0, spare - levels[j]) / 2 + live[j] for j in ends), reverse=True)
+    covered = list(accumulate(caps))
+    return next((k + 1 for k, c in enumerate(covered) if c >= total * (1 - 1e-12)), max(1, len(caps)))
 
 
 def regathered_bytes(problem: Problem) -> float:

@@ -18,7 +18,7 @@ from schedopt.errors import InvalidPlanError, SolverError
 from schedopt.graph import Op, Param
 from schedopt.modules import ModuleTree
 from schedopt.plan import SolverInfo, validate
-from schedopt.shard_sim import _most_held, memory_floor, regathered_bytes, sharded_lower_bound
+from schedopt.shard_sim import _most_held, fewest_units, memory_floor, regathered_bytes, sharded_lower_bound
 from schedopt.sharding import Unit
 from schedopt.solvers import get, solvers_for
 from schedopt.synthetic import chain, transformer_like
@@ -227,8 +227,9 @@ def test_the_sharded_bounds_of_time_and_memory_never_exceed_a_plan(case):
     t = simulate(problem, plan)
     assert t.lower_bound_s <= t.iteration_s * (1 + 1e-9)
     # a budget of the plan's own peak admits the plan: the bound that prices the budget stays under it
-    assert sharded_lower_bound(replace(problem, memory_budget_bytes=math.ceil(t.peak_memory_bytes))) <= \
-        t.iteration_s * (1 + 1e-9)
+    at_peak = replace(problem, memory_budget_bytes=math.ceil(t.peak_memory_bytes))
+    assert sharded_lower_bound(at_peak) <= t.iteration_s * (1 + 1e-9)
+    assert fewest_units(at_peak) <= len(plan.units)  # the budget caps each unit, so their count
     assert t.peak_memory_bytes >= memory_floor(problem)[0] * (1 - 1e-9)
     assert memory_floor(problem)[0] > problem.graph.total_param_bytes / problem.cluster.world_size
 
