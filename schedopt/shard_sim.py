@@ -31,8 +31,11 @@ allocations. The timeline reports the peak, when it occurs and what is alive the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import accumulate
+
+import numpy as np
 
 from .cluster import Cluster
 from .graph import TrainGraph
@@ -176,28 +179,29 @@ def sharded_lower_bound(problem: Problem) -> float:
     """A lower bound on the step of every sharded plan of ``problem`` within its memory budget (eager: the
     engine's order).
 
-    ``T_opt + max(compute, F + B, AG(all) + RS(all) + max(D, AG(again)))``, facts of every plan:
+    ``T_opt + min over N of max(compute, F(N) + B(N), AG(all) + RS(all) + (N-1)(a_AG + a_RS) +
+    max(D, AG(again)))``, for a plan of N units, N at least :func:`fewest_units`; facts of every plan:
 
-    - ``F`` bounds the end of forward: op j cannot start before every parameter first read at or
-      before it is gathered (the units holding them hold at least those bytes, gathered one after
-      another on the channel), so ``F = max_j AG(bytes first read by j) + compute(j .. end of
-      forward)``, and at least the forward's compute;
-    - ``B`` bounds what follows it: a unit's reduce-scatter waits for its last gradient op, so for
-      every backward op k the gradients whose last op is k or later are reduce-scattered after it:
-      ``B = max_k compute(start of backward .. k) + RS(those bytes)``, and at least the backward's
-      compute;
-    - the channel moves every byte gathered and reduce-scattered (one collective each is the least:
-      an affine cost with a non-negative intercept makes every split dearer), every forward
-      all-gather ends before the last op that first reads a parameter starts, and no
-      reduce-scatter starts before the first op that finishes a parameter's last gradient ends:
-      in between (``D``, that span's compute) only the all-gathers that fetch parameters a second
-      time can use it. Those move at least ``again`` bytes (:func:`regathered_bytes`: what the
-      budget cannot hold between a parameter's reads), in collectives of their own;
-    - a budget caps how large a unit can be, so a plan has at least :func:`fewest_units` units, and
-      each one past the first adds an all-gather's and a reduce-scatter's intercept to the channel.
+    - ``F`` bounds the end of forward. Take the units' first forward ops ``m_1 < ... < m_n`` (n <= N
+      distinct): before op ``m_g`` starts, the g or more units first read by then are gathered, one
+      collective each, one after another, and they hold every parameter first read before
+      ``m_{g+1}``; the forward's compute from ``m_g`` on follows. So ``F(N)`` is the least, over
+      splits of the first-read order into n <= N runs, of ``max_g g·a_AG + AG bytes(up to the end of
+      run g) + compute(start of run g .. end of forward)`` (:func:`_least_runs`), and at least the
+      forward's compute;
+    - ``B`` bounds what follows it, the mirror: after the unit whose last gradient op is the g-th
+      latest ends, g or more reduce-scatters remain, holding every gradient finished after the
+      (g+1)-th latest;
+    - the channel moves every byte gathered and reduce-scattered, with an intercept per collective (an
+      affine cost with a non-negative intercept), every forward all-gather ends before the last op
+      that first reads a parameter starts, and no reduce-scatter starts before the first op that
+      finishes a parameter's last gradient ends: in between (``D``, that span's compute) only the
+      all-gathers that fetch parameters a second time can use it. Those move at least ``again``
+      bytes (:func:`regathered_bytes`: what the budget cannot hold between a parameter's reads), in
+      collectives of their own.
 
     With interference the compute beside the channel's collectives runs slower: ``compute`` becomes
-    :func:`.steady.least_span` of it and the channel's busy time (``AG(all) + RS(all) + AG(again)``).
+    :func:`.steady.least_span` of it and the channel's busy time.
     """
     graph, cluster = problem.graph, problem.cluster
     order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
@@ -219,21 +223,48 @@ def sharded_lower_bound(problem: Problem) -> float:
     gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
     scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
-    forward = max([after[0] - after[backward]] + [gather(b) + after[j] - after[backward]
-                                                  for j, b in _running_bytes(first_read, nbytes)])
-    backward_s = max([after[backward]] + [after[backward] - after[k + 1] + scatter(b)
-                                          for k, b in _running_bytes(last_grad, nbytes, reverse=True)])
+    forward = _least_runs(gather, [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)])
+    backward_s = _least_runs(scatter, [(b, after[backward] - after[k + 1])
+                                       for k, b in _running_bytes(last_grad, nbytes, reverse=True)])
     gap = 0.0
     if first_read and last_grad:
         q, g1 = max(first_read.values()), min(last_grad.values())
         gap = max(0.0, after[q] - after[g1 + 1])
     again = regathered_bytes(problem)
-    second = max(gap, gather(again) if again > 0 else 0.0)
-    # each unit past the first adds an all-gather's and a reduce-scatter's intercept
-    extra_units = max(0, fewest_units(problem) - 1) * (gather(0.0) + scatter(0.0))
-    once = gather(graph.total_param_bytes) + scatter(graph.total_param_bytes) + extra_units
-    wire = once + (gather(again) if again > 0 else 0.0)  # what the channel is busy for, at least
-    return t_opt + max(least_span(compute, wire, cluster.effective_interference), forward + backward_s, once + second)
+    regather = gather(again) if again > 0 else 0.0
+    total = graph.total_param_bytes
+    best = math.inf
+    least = fewest_units(problem)
+    for n in range(least, max(least, len(forward), len(backward_s)) + 1):
+        once = gather(total) + scatter(total) + (n - 1) * (gather(0.0) + scatter(0.0))
+        if once + regather >= best:
+            break  # the channel's term only grows with n
+        runs = (max(after[0] - after[backward], min(forward[:n], default=0.0))
+                + max(after[backward], min(backward_s[:n], default=0.0)))
+        best = min(best, max(least_span(compute, once + regather, cluster.effective_interference), runs,
+                             once + max(gap, regather)))
+    return t_opt + best
+
+
+def _least_runs(cost, running: list[tuple[float, float]]) -> list[float]:
+    """Per n = 1, 2, ...: the least over splits of ``running`` ((bytes up to here, compute from here), in
+    order) into n runs of ``max_g cost(0)·g + (cost(bytes at the end of run g) - cost(0)) + compute
+    at the start of run g``. An exact DP, one run count at a time: ``f[e]`` is the least with the
+    runs ending at position e."""
+    if not running:
+        return []
+    cum = np.array([b for b, _ in running])
+    lead = np.array([c for _, c in running])
+    a = cost(0.0)
+    moved = np.array([cost(b) for b in cum]) - a  # affine: the bytes' share
+    f = a + moved + lead[0]
+    out = [float(f[-1])]
+    upper = np.triu(np.ones((len(cum) - 1, len(cum)), dtype=bool), k=1)  # run starts s = 1.. at or before e
+    for n in range(2, len(cum) + 1):
+        pairs = np.maximum(f[:-1, None], n * a + moved[None, :] + lead[1:, None])
+        f = np.where(upper, pairs, np.inf).min(axis=0)
+        out.append(float(f[-1]))
+    return out
 
 
 def _held_levels(problem: Problem) -> tuple[list[str], Geometry, list[float]]:
