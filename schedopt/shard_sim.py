@@ -209,16 +209,7 @@ def sharded_lower_bound(problem: Problem) -> float:
     t_opt, compute = graph.totals.optimizer_s, sum(durations)
     if not graph.params or cluster.world_size == 1:
         return compute + t_opt
-    phases = [graph.ops[o].phase for o in order]
-    backward = phases.index("backward") if "backward" in phases else len(order)
-    first_read: dict[str, int] = {}
-    last_grad: dict[str, int] = {}
-    for j, op_id in enumerate(order):
-        op = graph.ops[op_id]
-        for name in op.reads if j < backward else ():
-            first_read.setdefault(name, j)
-        for name in op.grads:
-            last_grad[name] = j
+    backward, first_read, last_grad = _reads_and_grads(graph, order)
     nbytes = {p: graph.params[p].nbytes for p in graph.params}
     gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
     scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
@@ -244,6 +235,21 @@ def sharded_lower_bound(problem: Problem) -> float:
         best = min(best, max(least_span(compute, once + regather, cluster.effective_interference), runs,
                              once + max(gap, regather)))
     return t_opt + best
+
+
+def _reads_and_grads(graph: TrainGraph, order: list[str]) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(where the backward starts in ``order``, each parameter's first forward read, its last gradient op)."""
+    phases = [graph.ops[o].phase for o in order]
+    backward = phases.index("backward") if "backward" in phases else len(order)
+    first_read: dict[str, int] = {}
+    last_grad: dict[str, int] = {}
+    for j, op_id in enumerate(order):
+        op = graph.ops[op_id]
+        for name in op.reads if j < backward else ():
+            first_read.setdefault(name, j)
+        for name in op.grads:
+            last_grad[name] = j
+    return backward, first_read, last_grad
 
 
 def _least_runs(cost, running: list[tuple[float, float]]) -> list[float]:
