@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from itertools import accumulate
 
 import numpy as np
@@ -214,9 +215,9 @@ def sharded_lower_bound(problem: Problem) -> float:
     gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
     scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
-    forward = _least_runs(gather, [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)])
-    backward_s = _least_runs(scatter, [(b, after[backward] - after[k + 1])
-                                       for k, b in _running_bytes(last_grad, nbytes, reverse=True)])
+    reads = [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)]
+    grads = [(b, after[backward] - after[k + 1]) for k, b in _running_bytes(last_grad, nbytes, reverse=True)]
+    forward, backward_s = _least_runs(gather, reads), _least_runs(scatter, grads)
     gap = 0.0
     if first_read and last_grad:
         q, g1 = max(first_read.values()), min(last_grad.values())
@@ -224,14 +225,17 @@ def sharded_lower_bound(problem: Problem) -> float:
     again = regathered_bytes(problem)
     regather = gather(again) if again > 0 else 0.0
     total = graph.total_param_bytes
-    best = math.inf
+    best, least_f, least_b = math.inf, math.inf, math.inf
     least = fewest_units(problem)
-    for n in range(least, max(least, len(forward), len(backward_s)) + 1):
+    for n in range(1, max(least, len(reads), len(grads)) + 1):
+        least_f, least_b = min(least_f, next(forward, math.inf)), min(least_b, next(backward_s, math.inf))
         once = gather(total) + scatter(total) + (n - 1) * (gather(0.0) + scatter(0.0))
+        if n < least:
+            continue
         if once + regather >= best:
-            break  # the channel's term only grows with n
-        runs = (max(after[0] - after[backward], min(forward[:n], default=0.0))
-                + max(after[backward], min(backward_s[:n], default=0.0)))
+            break  # the channel's term only grows with n; the runs' only shrink
+        runs = (max(after[0] - after[backward], least_f if least_f < math.inf else 0.0)
+                + max(after[backward], least_b if least_b < math.inf else 0.0))
         best = min(best, max(least_span(compute, once + regather, cluster.effective_interference), runs,
                              once + max(gap, regather)))
     return t_opt + best
@@ -252,25 +256,24 @@ def _reads_and_grads(graph: TrainGraph, order: list[str]) -> tuple[int, dict[str
     return backward, first_read, last_grad
 
 
-def _least_runs(cost, running: list[tuple[float, float]]) -> list[float]:
+def _least_runs(cost, running: list[tuple[float, float]]) -> Iterator[float]:
     """Per n = 1, 2, ...: the least over splits of ``running`` ((bytes up to here, compute from here), in
     order) into n runs of ``max_g cost(0)·g + (cost(bytes at the end of run g) - cost(0)) + compute
     at the start of run g``. An exact DP, one run count at a time: ``f[e]`` is the least with the
-    runs ending at position e."""
+    runs ending at position e. Lazy: the caller stops where more runs cannot help."""
     if not running:
-        return []
+        return
     cum = np.array([b for b, _ in running])
     lead = np.array([c for _, c in running])
     a = cost(0.0)
     moved = np.array([cost(b) for b in cum]) - a  # affine: the bytes' share
     f = a + moved + lead[0]
-    out = [float(f[-1])]
+    yield float(f[-1])
     upper = np.triu(np.ones((len(cum) - 1, len(cum)), dtype=bool), k=1)  # run starts s = 1.. at or before e
     for n in range(2, len(cum) + 1):
         pairs = np.maximum(f[:-1, None], n * a + moved[None, :] + lead[1:, None])
         f = np.where(upper, pairs, np.inf).min(axis=0)
-        out.append(float(f[-1]))
-    return out
+        yield float(f[-1])
 
 
 def _held_levels(problem: Problem) -> tuple[list[str], Geometry, list[float]]:
