@@ -218,15 +218,12 @@ def sharded_lower_bound(problem: Problem) -> float:
     reads = [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)]
     grads = [(b, after[backward] - after[k + 1]) for k, b in _running_bytes(last_grad, nbytes, reverse=True)]
     forward, backward_s = _least_runs(gather, reads), _least_runs(scatter, grads)
-    gap = 0.0
-    if first_read and last_grad:
-        q, g1 = max(first_read.values()), min(last_grad.values())
-        gap = max(0.0, after[q] - after[g1 + 1])
+    both = first_read and last_grad  # D: from the last first read to the first last gradient
+    gap = max(0.0, after[max(first_read.values())] - after[min(last_grad.values()) + 1]) if both else 0.0
     again = regathered_bytes(problem)
     regather = gather(again) if again > 0 else 0.0
-    total = graph.total_param_bytes
+    total, least = graph.total_param_bytes, fewest_units(problem)
     best, least_f, least_b = math.inf, math.inf, math.inf
-    least = fewest_units(problem)
     for n in range(1, max(least, len(reads), len(grads)) + 1):
         least_f, least_b = min(least_f, next(forward, math.inf)), min(least_b, next(backward_s, math.inf))
         once = gather(total) + scatter(total) + (n - 1) * (gather(0.0) + scatter(0.0))
