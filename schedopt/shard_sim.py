@@ -32,8 +32,8 @@ allocations. The timeline reports the peak, when it occurs and what is alive the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import numpy as np
