@@ -201,16 +201,17 @@ def sharded_lower_bound(problem: Problem) -> float:
       bytes (:func:`regathered_bytes`: what the budget cannot hold between a parameter's reads), in
       collectives of their own.
 
-    With interference the compute beside the channel's collectives runs slower: ``compute`` becomes
-    :func:`.steady.least_span` of it and the channel's busy time.
+    With interference ``compute`` becomes :func:`.steady.least_span` of it and the channel's busy time.
     """
     graph, cluster = problem.graph, problem.cluster
-    order = [o for o in engine_order(graph) if graph.ops[o].phase != "optimizer"]
-    durations = [graph.ops[o].duration_s for o in order]
-    t_opt, compute = graph.totals.optimizer_s, sum(durations)
+    t_opt = graph.totals.optimizer_s
     if not graph.params or cluster.world_size == 1:
-        return compute + t_opt
-    backward, first_read, last_grad = _reads_and_grads(graph, order)
+        return graph.totals.forward_s + graph.totals.backward_s + t_opt
+    held = _held_levels(problem)  # one walk of the step: its ops, the touches below, the budget's two facts
+    durations = [graph.ops[o].duration_s for o in held[0]]
+    compute, touches, backward = sum(durations), held[1].touches, held[1].backward_start
+    first_read = {p: min(t["forward"]) for p, t in touches.items() if t["forward"]}
+    last_grad = {p: max(t["grads"]) for p, t in touches.items() if t["grads"]}
     nbytes = {p: graph.params[p].nbytes for p in graph.params}
     gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
     scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
@@ -220,9 +221,8 @@ def sharded_lower_bound(problem: Problem) -> float:
     forward, backward_s = _least_runs(gather, reads), _least_runs(scatter, grads)
     both = first_read and last_grad  # D: from the last first read to the first last gradient
     gap = max(0.0, after[max(first_read.values())] - after[min(last_grad.values()) + 1]) if both else 0.0
-    again = regathered_bytes(problem)
-    regather = gather(again) if again > 0 else 0.0
-    total, least = graph.total_param_bytes, fewest_units(problem)
+    regather = gather(again) if (again := regathered_bytes(problem, held=held)) > 0 else 0.0
+    total, least = graph.total_param_bytes, fewest_units(problem, held=held)
     best, least_f, least_b = math.inf, math.inf, math.inf
     for n in range(1, max(least, len(reads), len(grads)) + 1):
         least_f, least_b = min(least_f, next(forward, math.inf)), min(least_b, next(backward_s, math.inf))
@@ -231,34 +231,19 @@ def sharded_lower_bound(problem: Problem) -> float:
             continue
         if once + regather >= best:
             break  # the channel's term only grows with n; the runs' only shrink
-        runs = (max(after[0] - after[backward], least_f if least_f < math.inf else 0.0)
-                + max(after[backward], least_b if least_b < math.inf else 0.0))
+        runs = max(after[0] - after[backward], least_f) + max(after[backward], least_b)
         best = min(best, max(least_span(compute, once + regather, cluster.effective_interference), runs,
                              once + max(gap, regather)))
     return t_opt + best
-
-
-def _reads_and_grads(graph: TrainGraph, order: list[str]) -> tuple[int, dict[str, int], dict[str, int]]:
-    """(where the backward starts in ``order``, each parameter's first forward read, its last gradient op)."""
-    phases = [graph.ops[o].phase for o in order]
-    backward = phases.index("backward") if "backward" in phases else len(order)
-    first_read: dict[str, int] = {}
-    last_grad: dict[str, int] = {}
-    for j, op_id in enumerate(order):
-        op = graph.ops[op_id]
-        for name in op.reads if j < backward else ():
-            first_read.setdefault(name, j)
-        for name in op.grads:
-            last_grad[name] = j
-    return backward, first_read, last_grad
 
 
 def _least_runs(cost, running: list[tuple[float, float]]) -> Iterator[float]:
     """Per n = 1, 2, ...: the least over splits of ``running`` ((bytes up to here, compute from here), in
     order) into n runs of ``max_g cost(0)·g + (cost(bytes at the end of run g) - cost(0)) + compute
     at the start of run g``. An exact DP, one run count at a time: ``f[e]`` is the least with the
-    runs ending at position e. Lazy: the caller stops where more runs cannot help."""
+    runs ending at position e. Lazy: the caller stops where more runs cannot help. Nothing to move: 0."""
     if not running:
+        yield 0.0
         return
     cum = np.array([b for b, _ in running])
     lead = np.array([c for _, c in running])
@@ -317,7 +302,7 @@ def memory_floor(problem: Problem) -> tuple[float, str]:
     return shards + levels[j], f"during {order[j]} ({graph.ops[order[j]].phase})"
 
 
-def fewest_units(problem: Problem) -> int:
+def fewest_units(problem: Problem, *, held: tuple | None = None) -> int:
     """The fewest units with gradients that any plan within ``problem``'s budget has (1 with no budget).
 
     At the op ``j`` where a unit's last gradient is finished, the unit holds all its parameters and
@@ -327,11 +312,12 @@ def fewest_units(problem: Problem) -> int:
     ``(budget - shards - held(j)) / 2`` bytes of such parameters, plus the parameters held at ``j``
     whose last gradient is finished at or before it: ``cap(j)``. Every unit has one such op, so the
     units are at least as many as the fewest ops whose caps add up to every gradient's bytes.
+    ``held``: :func:`_held_levels` of ``problem``, where the caller has it.
     """
     graph, budget = problem.graph, problem.memory_budget_bytes
     if budget is None or not graph.params:
         return 1
-    order, geometry, levels = _held_levels(problem)
+    order, geometry, levels = held or _held_levels(problem)
     live = [0.0] * (len(order) + 1)  # per position: bytes held there whose last gradient is at or before it
     ends: set[int] = set()
     total = 0.0
@@ -350,7 +336,7 @@ def fewest_units(problem: Problem) -> int:
     return next((k + 1 for k, c in enumerate(covered) if c >= total * (1 - 1e-12)), max(1, len(caps)))
 
 
-def regathered_bytes(problem: Problem) -> float:
+def regathered_bytes(problem: Problem, *, held: tuple | None = None) -> float:
     """The least parameter bytes every plan within ``problem``'s budget gathers a second time.
 
     Between two reads of a parameter (forward reads, then its first backward touch) with ops in
@@ -360,13 +346,14 @@ def regathered_bytes(problem: Problem) -> float:
     the bytes held across gaps are at most the optimum of a packing of intervals into those
     capacities (each gap an interval, any part of its bytes held); taking the gaps by their last
     op and holding as much as still fits is that optimum (an exchange argument: the earliest-ending
-    gap loses nothing by taking capacity from a gap that ends later). With no budget: 0.
+    gap loses nothing by taking capacity from a gap that ends later). With no budget: 0. ``held``: as in
+    :func:`fewest_units`.
     """
     budget = problem.memory_budget_bytes
     graph = problem.graph
     if budget is None or not graph.params:
         return 0.0
-    order, geometry, levels = _held_levels(problem)
+    order, geometry, levels = held or _held_levels(problem)
     spare = [max(0.0, budget - graph.total_param_bytes / problem.cluster.world_size - level) for level in levels]
     gaps = []  # (last op of the gap, first op, bytes)
     for name, touch in geometry.touches.items():

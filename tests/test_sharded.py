@@ -229,7 +229,7 @@ def test_the_sharded_bounds_of_time_and_memory_never_exceed_a_plan(case):
     # a budget of the plan's own peak admits the plan: the bound that prices the budget stays under it
     at_peak = replace(problem, memory_budget_bytes=math.ceil(t.peak_memory_bytes))
     assert sharded_lower_bound(at_peak) <= t.iteration_s * (1 + 1e-9)
-    assert fewest_units(at_peak) <= len(plan.units)  # the budget caps each unit, so their count
+    assert fewest_units(at_peak) <= len(plan.units)  # the budget caps each unit's size, so how few fit
     assert t.peak_memory_bytes >= memory_floor(problem)[0] * (1 - 1e-9)
     assert memory_floor(problem)[0] > problem.graph.total_param_bytes / problem.cluster.world_size
 
