@@ -43,6 +43,7 @@ from .graph import TrainGraph
 from .orders import engine_order
 from .plan import Plan
 from .problem import Problem
+from .runs import Sides, joint_runs, least_runs
 from .sharding import Geometry
 from .steady import Machine, least_span
 
@@ -188,7 +189,7 @@ def sharded_lower_bound(problem: Problem) -> float:
       collective each, one after another, and they hold every parameter first read before
       ``m_{g+1}``; the forward's compute from ``m_g`` on follows. So ``F(N)`` is the least, over
       splits of the first-read order into n <= N runs, of ``max_g g·a_AG + AG bytes(up to the end of
-      run g) + compute(start of run g .. end of forward)`` (:func:`_least_runs`), and at least the
+      run g) + compute(start of run g .. end of forward)`` (:func:`.runs.least_runs`), and at least the
       forward's compute;
     - ``B`` bounds what follows it, the mirror: after the unit whose last gradient op is the g-th
       latest ends, g or more reduce-scatters remain, holding every gradient finished after the
@@ -218,44 +219,50 @@ def sharded_lower_bound(problem: Problem) -> float:
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
     reads = [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)]
     grads = [(b, after[backward] - after[k + 1]) for k, b in _running_bytes(last_grad, nbytes, reverse=True)]
-    forward, backward_s = _least_runs(gather, reads), _least_runs(scatter, grads)
+    forward, backward_s = least_runs(gather, reads), least_runs(scatter, grads)
+    joint = _joint_runs(first_read, last_grad, nbytes, after, backward, gather, scatter)
     both = first_read and last_grad  # D: from the last first read to the first last gradient
     gap = max(0.0, after[max(first_read.values())] - after[min(last_grad.values()) + 1]) if both else 0.0
     regather = gather(again) if (again := regathered_bytes(problem, held=held)) > 0 else 0.0
     total, least = graph.total_param_bytes, fewest_units(problem, held=held)
-    best, least_f, least_b = math.inf, math.inf, math.inf
+    best, least_f, least_b, same_units = math.inf, math.inf, math.inf, None
     for n in range(1, max(least, len(reads), len(grads)) + 1):
         least_f, least_b = min(least_f, next(forward, math.inf)), min(least_b, next(backward_s, math.inf))
+        same_units = next(joint, same_units) if joint is not None else None  # past its positions: no fewer runs
         once = gather(total) + scatter(total) + (n - 1) * (gather(0.0) + scatter(0.0))
         if n < least:
             continue
         if once + regather >= best:
             break  # the channel's term only grows with n; the runs' only shrink
         runs = max(after[0] - after[backward], least_f) + max(after[backward], least_b)
+        runs = max(runs, same_units.bound if same_units else 0.0)
         best = min(best, max(least_span(compute, once + regather, cluster.effective_interference), runs,
                              once + max(gap, regather)))
     return t_opt + best
 
 
-def _least_runs(cost, running: list[tuple[float, float]]) -> Iterator[float]:
-    """Per n = 1, 2, ...: the least over splits of ``running`` ((bytes up to here, compute from here), in
-    order) into n runs of ``max_g cost(0)·g + (cost(bytes at the end of run g) - cost(0)) + compute
-    at the start of run g``. An exact DP, one run count at a time: ``f[e]`` is the least with the
-    runs ending at position e. Lazy: the caller stops where more runs cannot help. Nothing to move: 0."""
-    if not running:
-        yield 0.0
-        return
-    cum = np.array([b for b, _ in running])
-    lead = np.array([c for _, c in running])
-    a = cost(0.0)
-    moved = np.array([cost(b) for b in cum]) - a  # affine: the bytes' share
-    f = a + moved + lead[0]
-    yield float(f[-1])
-    upper = np.triu(np.ones((len(cum) - 1, len(cum)), dtype=bool), k=1)  # run starts s = 1.. at or before e
-    for n in range(2, len(cum) + 1):
-        pairs = np.maximum(f[:-1, None], n * a + moved[None, :] + lead[1:, None])
-        f = np.where(upper, pairs, np.inf).min(axis=0)
-        yield float(f[-1])
+def _joint_runs(first_read: dict[str, int], last_grad: dict[str, int], nbytes: dict[str, float], after: list[float],
+                backward: int, gather, scatter) -> Iterator | None:
+    """:func:`.runs.joint_runs` over the first-read positions, where the step is a mirror: every parameter read
+    in the forward has a gradient and a parameter first read later has its last gradient no later (a
+    chain's layers). Then each unit's first forward op and last gradient op are its earliest parameter's,
+    and F and B split at the same units. None where the step is no mirror."""
+    if not first_read or set(first_read) != set(last_grad):
+        return None
+    at: dict[int, list[str]] = {}
+    for name, j in first_read.items():
+        at.setdefault(j, []).append(name)
+    positions = sorted(at)
+    latest = [max(last_grad[p] for p in at[j]) for j in positions]
+    earliest = [min(last_grad[p] for p in at[j]) for j in positions]
+    if any(later > early for later, early in zip(latest[1:], earliest)):
+        return None
+    cum = np.cumsum([sum(nbytes[p] for p in at[j]) for j in positions])
+    sides = Sides(intercept_f=gather(0.0), moved_f=np.array([gather(b) for b in cum]) - gather(0.0),
+                  lead_f=np.array([after[j] - after[backward] for j in positions]), floor_f=after[0] - after[backward],
+                  intercept_b=scatter(0.0), moved_b=np.array([scatter(b) for b in cum]) - scatter(0.0),
+                  lead_b=np.array([after[backward] - after[k + 1] for k in earliest]), floor_b=after[backward])
+    return joint_runs(sides)
 
 
 def _held_levels(problem: Problem) -> tuple[list[str], Geometry, list[float]]:

@@ -39,7 +39,7 @@ from schedopt.units import format_size
 
 from .registry import register
 
-__all__ = ["atoms", "block_groups", "build_units", "fit_budget", "size_cap_bytes", "solve_fsdp_per_block", "solve_fsdp_root",
+__all__ = ["atoms", "block_groups", "coarsen", "fine_atoms", "build_units", "fit_budget", "size_cap_bytes", "solve_fsdp_per_block", "solve_fsdp_root",
            "solve_fsdp_size"]
 
 SHARDED = ("sharded",)
@@ -134,6 +134,41 @@ def _needs_modules(problem: Problem, name: str) -> None:
 def solve_fsdp_root(problem: Problem, *, seed: int = 0, time_limit_s: float | None = None) -> Plan:
     """One unit, the whole model, kept unsharded from its all-gather to its reduce-scatter."""
     return fit_budget(problem, _root_units(problem.graph), "fsdp-root")
+
+
+def fine_atoms(graph: TrainGraph) -> list[str]:
+    """The free atoms (:func:`atoms`, the root's pinned ones left out) split as finely as ``fully_shard``
+    groups them: a module that owns no parameter itself is replaced by its children that hold some,
+    down to the modules that own theirs. In the order of :func:`atoms` (forward order, by block)."""
+    tree = graph.modules
+    assert tree is not None
+    names, pinned = atoms(graph)
+    owning = set(tree.owners.values())
+
+    def split(path: str) -> list[str]:
+        if path in owning:
+            return [path]
+        return [leaf for child in tree.child_paths(path) if tree.params_under(child) for leaf in split(child)]
+
+    return [leaf for m in names if m not in pinned for leaf in split(m)]
+
+
+def coarsen(graph: TrainGraph, modules: Sequence[str]) -> list[str]:
+    """``modules`` (a unit of :func:`fine_atoms`) with every module whose parameter-holding children are all
+    in it named instead of them, bottom up: the same parameters for ``fully_shard``, in fewer names."""
+    tree = graph.modules
+    assert tree is not None
+    out = list(modules)
+    while True:
+        parents = {p for m in out if (p := m.rpartition(".")[0]) and p not in tree.owners.values()}
+        whole = [p for p in parents if (kids := [c for c in tree.child_paths(p) if tree.params_under(c)])
+                 and set(kids) <= set(out)]
+        if not whole:
+            return out
+        for parent in whole:
+            kids = {c for c in tree.child_paths(parent)}
+            at = min(k for k, m in enumerate(out) if m in kids)
+            out = [m for m in out[:at] if m not in kids] + [parent] + [m for m in out[at:] if m not in kids]
 
 
 @register("fsdp-per-block", modes=SHARDED)

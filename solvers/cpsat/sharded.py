@@ -20,8 +20,9 @@ Model, in integer ticks, on the stream's *points* (before and after ops where a 
   at most the budget. Objective: the step's end (the last of the backward and the channel) plus the
   optimizer.
 
-The model is hinted with the best plan within the budget among the baselines and the greedy starts
-(:func:`_greedy_starts`). The plan read back is re-simulated: the simulator is the judge of time and
+The warm start is the best plan within the budget among the baselines and the greedy starts
+(:func:`_greedy_starts`, the pipelined units among them); the model is hinted with the best of those
+whose units are its candidates (``stats["hinted"]`` names it). The plan read back is re-simulated: the simulator is the judge of time and
 memory, and the warm start is returned when CP-SAT's plan is not better (``stats["result"]``); a
 plan over budget tightens the next model's cap by its excess (at most :data:`ROUNDS` solves). The
 bound reported is :func:`schedopt.shard_sim.sharded_lower_bound` (valid for every sharded plan within the budget);
@@ -43,6 +44,7 @@ from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
 
 from ..fsdp import atoms, block_groups, build_units
+from ..pipeline import pipelined_plan
 from ..registry import SOLVERS, solvers_for
 
 if TYPE_CHECKING:
@@ -366,7 +368,8 @@ def _greedy_starts(problem: Problem) -> list[Plan]:
     """The warm starts beyond the baselines: every atom its own unit, kept unsharded, gathered 1, 2, 4 or
     all units ahead (where the budget allows it: the barrier-like case); from the two-ahead one, the
     largest kept unit resharded, one after another, until the plan fits the budget (then prefetch
-    lowered); and the most atoms kept at the end per prefetch distance (:func:`_keep_last_starts`)."""
+    lowered); the pipelined units (:func:`..pipeline.pipelined_plan`, where they fit); and the most
+    atoms kept at the end per prefetch distance (:func:`_keep_last_starts`)."""
     graph, budget = problem.graph, problem.memory_budget_bytes
     names, pinned = atoms(graph)
     groups = [[m] for m in names if m not in pinned]
@@ -398,6 +401,8 @@ def _greedy_starts(problem: Problem) -> list[Plan]:
             units = [replace(u, prefetch_forward=max(0, u.prefetch_forward - 1),
                              prefetch_backward=max(0, u.prefetch_backward - 1)) for u in units]
         plan, peak = plan_of(units, "greedy-reshard")
+    if (pipelined := pipelined_plan(problem)) is not None:  # the finest units, all kept: the barrier-like case's
+        out.append(pipelined)
     return out + _keep_last_starts(problem, plan_of)
 
 
@@ -455,12 +460,11 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     from ortools.sat.python import cp_model
 
     started = time.perf_counter()
-    best = _asynchronous(problem, _best_baseline(problem))
+    starts = [_asynchronous(problem, _best_baseline(problem))]
     if problem.graph.modules is not None:
-        for start in _greedy_starts(problem):
-            timed = start.with_prediction(simulate(problem, start).prediction())
-            if timed.predicted.iteration_s < best.predicted.iteration_s:
-                best = timed
+        starts += [s.with_prediction(simulate(problem, s).prediction()) for s in _greedy_starts(problem)]
+    starts.sort(key=lambda p: p.predicted.iteration_s)  # stable: the baseline first among equals
+    best = starts[0]
     bound = sharded_lower_bound(problem)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
 
@@ -483,7 +487,8 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
             break
         model = _Model(problem, data, options, tick_s=best.predicted.iteration_s / options.horizon_ticks,
                        budget=None if budget is None else budget - margin)
-        stats["hinted"] = model.hint(list(best.units))
+        # the fastest start whose units are the model's candidates (the pipelined units' finer ones are not)
+        stats["hinted"] = next((s.solver.name for s in starts if model.hint(list(s.units))), None)
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = left * (0.7 if attempt == 0 else 1 / (ROUNDS - attempt))
         solver.parameters.num_workers = options.num_workers

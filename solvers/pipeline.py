@@ -1,0 +1,74 @@
+"""Pipelined units: the fastest layout of unsharded units with every all-gather issued at once.
+
+Where the budget lets every unit stay unsharded (the barrier-like case), a unit costs its fixed
+collective cost twice (an all-gather in the forward, a reduce-scatter in the backward) and pays
+back by letting compute start before the whole model has arrived, and the backward's last
+reduce-scatters be small. With every all-gather issued at the step's start and the units kept,
+the step is exactly :func:`schedopt.runs.joint_runs`'s objective over the units' split (the
+forward ends after the last unit's all-gather and the compute from its first op; the
+backward after the reduce-scatters of the units not finished before it), where each unit's last
+gradient is its earliest parameter's (a chain). The split is chosen over the finest units
+``fully_shard`` can make (:func:`.fsdp.fine_atoms`: a block's own linear and norm layers), so
+the first and last units can be a layer rather than a block; the first run goes to the root where
+the root has parameters (a tied embedding). The plan is simulated: the simulator is the judge.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+import numpy as np
+
+from schedopt.orders import engine_order
+from schedopt.plan import Plan, SolverInfo
+from schedopt.problem import Problem
+from schedopt.runs import Sides, joint_runs
+from schedopt.shard_sim import peak_memory
+from schedopt.sharding import Geometry
+from schedopt.simulate import simulate
+
+from .fsdp import build_units, coarsen, fine_atoms
+
+__all__ = ["pipelined_plan"]
+
+
+def pipelined_plan(problem: Problem) -> Plan | None:
+    """The pipelined units' plan (module docstring), simulated; None where the graph has no module tree, no
+    module outside the root, or the plan peaks over the budget."""
+    graph, cluster = problem.graph, problem.cluster
+    if graph.modules is None or cluster.world_size == 1 or not (leaves := fine_atoms(graph)):
+        return None
+    order = engine_order(graph)
+    units = build_units(graph, [[m] for m in leaves], reshard=[False] * len(leaves))
+    geometry = Geometry(graph, order, units)
+    durations = [graph.ops[o].duration_s for o in geometry.compute_ops]
+    after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
+    backward = geometry.backward_start
+    cum = np.cumsum(geometry.nbytes, dtype=float)
+    gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
+    scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
+    sides = Sides(intercept_f=gather(0.0), moved_f=np.array([gather(b) for b in cum]) - gather(0.0),
+                  lead_f=np.array([after[s.forward_first] - after[backward] for s in geometry.spans]),
+                  floor_f=after[0] - after[backward],
+                  intercept_b=scatter(0.0), moved_b=np.array([scatter(b) for b in cum]) - scatter(0.0),
+                  lead_b=np.array([after[backward] - after[s.backward_last + 1] for s in geometry.spans]),
+                  floor_b=after[backward])
+    best = None
+    for n, runs in enumerate(joint_runs(sides, splits=True), 1):
+        best = runs
+        # the n-th run's two terms alone: no split into more runs can do better
+        if n * (sides.intercept_f + sides.intercept_b) + sides.moved_f[-1] + sides.moved_b[-1] >= runs.value:
+            break
+    assert best is not None and best.starts
+    ends = [*best.starts[1:], len(units)]
+    rooted = units[0].is_root  # the first run is the root's: its atoms are left to it
+    groups = [coarsen(graph, [m for u in units[s:e] for m in u.modules])
+              for s, e in zip(best.starts, ends)][1 if rooted else 0:]
+    chosen = build_units(graph, groups, reshard=[False] * len(groups), prefetch_forward=len(units))
+    plan = Plan.for_problem(problem, order=order, units=chosen,
+                            solver=SolverInfo(name="pipelined-units", stats={"model_s": best.value
+                                                                            + graph.totals.optimizer_s}))
+    budget = problem.memory_budget_bytes
+    if budget is not None and peak_memory(graph, plan)[0] > budget:
+        return None
+    return plan.with_prediction(simulate(problem, plan).prediction())
