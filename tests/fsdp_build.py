@@ -27,6 +27,7 @@ from schedopt import Cluster, Problem  # noqa: E402
 from schedopt.load import ImportOptions, load_model  # noqa: E402
 from schedopt.shard_sim import sharded_lower_bound  # noqa: E402
 from schedopt.solvers import get, solvers_for  # noqa: E402
+from schedopt.solvers.pipeline import pipelined_plan  # noqa: E402
 from importers.factory import load_factory  # noqa: E402
 
 MODELS = ("tiny_gpt", "tiny_bert", "tiny_resnet", "tiny_vgg", "tiny_inception")
@@ -57,12 +58,14 @@ def main() -> int:
         spec = f"{ROOT / 'examples' / 'models.py'}:{name}"
         graph = load_model(spec, ImportOptions(device="a100", level="module"))
         problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")
-        for solver in solvers_for("sharded"):
-            plan = get(solver)(problem, **({"time_limit_s": 1} if solver == "cpsat" else {}))
+        plans = [get(solver)(problem, **({"time_limit_s": 1} if solver == "cpsat" else {}))
+                 for solver in solvers_for("sharded")]
+        pipelined = pipelined_plan(problem)  # the finest units: a block's own layers, several blocks' in one unit
+        for plan in plans + ([pipelined] if pipelined is not None else []):
             # real graphs: tied weights, several reads per parameter; with no budget, and with the plan's own peak
             for budget in (None, math.ceil(plan.predicted.peak_memory_bytes)):
                 bound = sharded_lower_bound(replace(problem, memory_budget_bytes=budget))
-                assert bound <= plan.predicted.iteration_s * (1 + 1e-9), (name, solver, budget, bound,
+                assert bound <= plan.predicted.iteration_s * (1 + 1e-9), (name, plan.solver.name, budget, bound,
                                                                           plan.predicted.iteration_s)
             build(spec, plan.units)
             count += len(plan.units)
