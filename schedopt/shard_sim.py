@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 import numpy as np
 
@@ -178,8 +178,7 @@ def peak_memory(graph: TrainGraph, plan: Plan) -> tuple[float, float, str]:
 
 
 def sharded_lower_bound(problem: Problem) -> float:
-    """A lower bound on the step of every sharded plan of ``problem`` within its memory budget (eager: the
-    engine's order).
+    """A lower bound on the step of every sharded plan of ``problem`` within its budget (eager: the engine's order).
 
     ``T_opt + min over N of max(compute, F(N) + B(N), AG(all) + RS(all) + (N-1)(a_AG + a_RS) +
     max(D, AG(again)))``, for a plan of N units, N at least :func:`fewest_units`; facts of every plan:
@@ -191,9 +190,9 @@ def sharded_lower_bound(problem: Problem) -> float:
       splits of the first-read order into n <= N runs, of ``max_g g·a_AG + AG bytes(up to the end of
       run g) + compute(start of run g .. end of forward)`` (:func:`.runs.least_runs`), and at least the
       forward's compute;
-    - ``B`` bounds what follows it, the mirror: after the unit whose last gradient op is the g-th
-      latest ends, g or more reduce-scatters remain, holding every gradient finished after the
-      (g+1)-th latest;
+    - ``B``, the mirror: after the unit whose last gradient op is the g-th latest ends, g or more
+      reduce-scatters remain, holding every gradient finished after the (g+1)-th latest. In a mirrored
+      step F and B split at the same units, and ``F + B`` is at least :func:`_joint_bounds`;
     - the channel moves every byte gathered and reduce-scattered, with an intercept per collective (an
       affine cost with a non-negative intercept), every forward all-gather ends before the last op
       that first reads a parameter starts, and no reduce-scatter starts before the first op that
@@ -220,49 +219,49 @@ def sharded_lower_bound(problem: Problem) -> float:
     reads = [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)]
     grads = [(b, after[backward] - after[k + 1]) for k, b in _running_bytes(last_grad, nbytes, reverse=True)]
     forward, backward_s = least_runs(gather, reads), least_runs(scatter, grads)
-    joint = _joint_runs(first_read, last_grad, nbytes, after, backward, gather, scatter)
+    joint = _joint_bounds(first_read, last_grad, nbytes, after, backward, gather, scatter)
     both = first_read and last_grad  # D: from the last first read to the first last gradient
     gap = max(0.0, after[max(first_read.values())] - after[min(last_grad.values()) + 1]) if both else 0.0
     regather = gather(again) if (again := regathered_bytes(problem, held=held)) > 0 else 0.0
     total, least = graph.total_param_bytes, fewest_units(problem, held=held)
-    best, least_f, least_b, same_units = math.inf, math.inf, math.inf, None
+    best, least_f, least_b = math.inf, math.inf, math.inf
     for n in range(1, max(least, len(reads), len(grads)) + 1):
         least_f, least_b = min(least_f, next(forward, math.inf)), min(least_b, next(backward_s, math.inf))
-        same_units = next(joint, same_units) if joint is not None else None  # past its positions: no fewer runs
+        same_units = next(joint)
         once = gather(total) + scatter(total) + (n - 1) * (gather(0.0) + scatter(0.0))
         if n < least:
             continue
         if once + regather >= best:
             break  # the channel's term only grows with n; the runs' only shrink
-        runs = max(after[0] - after[backward], least_f) + max(after[backward], least_b)
-        runs = max(runs, same_units.bound if same_units else 0.0)
+        runs = max(max(after[0] - after[backward], least_f) + max(after[backward], least_b), same_units)
         best = min(best, max(least_span(compute, once + regather, cluster.effective_interference), runs,
                              once + max(gap, regather)))
     return t_opt + best
 
 
-def _joint_runs(first_read: dict[str, int], last_grad: dict[str, int], nbytes: dict[str, float], after: list[float],
-                backward: int, gather, scatter) -> Iterator | None:
-    """:func:`.runs.joint_runs` over the first-read positions, where the step is a mirror: every parameter read
-    in the forward has a gradient and a parameter first read later has its last gradient no later (a
-    chain's layers). Then each unit's first forward op and last gradient op are its earliest parameter's,
-    and F and B split at the same units. None where the step is no mirror."""
-    if not first_read or set(first_read) != set(last_grad):
-        return None
-    at: dict[int, list[str]] = {}
+def _joint_bounds(first_read: dict[str, int], last_grad: dict[str, int], nbytes: dict[str, float], after: list[float],
+                  backward: int, gather, scatter) -> Iterator[float]:
+    """Per n = 1, 2, ...: :func:`.runs.joint_runs`' bound over the first-read positions (past them, the last),
+    where the step is a mirror: every parameter read in the forward has a gradient and a parameter first
+    read later has its last gradient no later (a chain's layers). Then each unit's first forward op and
+    last gradient op are its earliest parameter's, and F and B split at the same units. Else 0."""
+    bound, at = 0.0, {}
     for name, j in first_read.items():
         at.setdefault(j, []).append(name)
     positions = sorted(at)
-    latest = [max(last_grad[p] for p in at[j]) for j in positions]
-    earliest = [min(last_grad[p] for p in at[j]) for j in positions]
-    if any(later > early for later, early in zip(latest[1:], earliest)):
-        return None
-    cum = np.cumsum([sum(nbytes[p] for p in at[j]) for j in positions])
-    sides = Sides(intercept_f=gather(0.0), moved_f=np.array([gather(b) for b in cum]) - gather(0.0),
-                  lead_f=np.array([after[j] - after[backward] for j in positions]), floor_f=after[0] - after[backward],
-                  intercept_b=scatter(0.0), moved_b=np.array([scatter(b) for b in cum]) - scatter(0.0),
-                  lead_b=np.array([after[backward] - after[k + 1] for k in earliest]), floor_b=after[backward])
-    return joint_runs(sides)
+    latest = [max(last_grad.get(p, math.inf) for p in at[j]) for j in positions]
+    earliest = [min(last_grad.get(p, -1) for p in at[j]) for j in positions]
+    if first_read and set(first_read) == set(last_grad) and all(a <= b for a, b in zip(latest[1:], earliest)):
+        cum = np.cumsum([sum(nbytes[p] for p in at[j]) for j in positions])
+        sides = Sides(intercept_f=gather(0.0), moved_f=np.array([gather(b) for b in cum]) - gather(0.0),
+                      lead_f=np.array([after[j] - after[backward] for j in positions]),
+                      floor_f=after[0] - after[backward], intercept_b=scatter(0.0),
+                      moved_b=np.array([scatter(b) for b in cum]) - scatter(0.0),
+                      lead_b=np.array([after[backward] - after[k + 1] for k in earliest]), floor_b=after[backward])
+        for runs in joint_runs(sides):
+            bound = runs.bound
+            yield bound
+    yield from repeat(bound)
 
 
 def _held_levels(problem: Problem) -> tuple[list[str], Geometry, list[float]]:
