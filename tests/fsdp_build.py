@@ -27,7 +27,7 @@ from schedopt import Cluster, Problem  # noqa: E402
 from schedopt.load import ImportOptions, load_model  # noqa: E402
 from schedopt.shard_sim import sharded_lower_bound  # noqa: E402
 from schedopt.solvers import get, solvers_for  # noqa: E402
-from schedopt.solvers.pipeline import pipelined_plan  # noqa: E402
+from schedopt.solvers.fine_units import pipelined_plan  # noqa: E402
 from importers.factory import load_factory  # noqa: E402
 
 MODELS = ("tiny_gpt", "tiny_bert", "tiny_resnet", "tiny_vgg", "tiny_inception")

@@ -9,12 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedopt import Cluster, Problem, simulate
 from schedopt.runs import STEPS, Sides, joint_runs, least_runs
-from schedopt.shard_sim import sharded_lower_bound
-from schedopt.solvers import get
-from schedopt.solvers.pipeline import pipelined_plan
-from schedopt.synthetic import transformer_like
 
 
 def _splits(size: int, n: int):
@@ -52,23 +47,3 @@ def test_least_runs_is_the_best_split_of_one_side():
                        for g, (s, e) in enumerate(zip(split, [*(c - 1 for c in split[1:]), 3]), 1))
                    for split in _splits(4, n))
         assert got == pytest.approx(want)
-
-
-def test_the_pipelined_units_step_is_the_simulators_and_within_1_percent_of_the_bound():
-    """No budget: every unit kept, every all-gather issued at once. The joint DP's objective is the
-    simulated step exactly, and finer units than blocks let the first and last be small."""
-    graph = transformer_like(8, hidden=512, num_heads=8, seq_len=256, vocab_size=8000)
-    for net, n in (("100gbe", 64), ("ib-hdr", 8)):
-        problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode="sharded")
-        plan = pipelined_plan(problem)
-        assert plan is not None and all(not u.reshard_after_forward for u in plan.units)
-        t = simulate(problem, plan).iteration_s
-        assert t == pytest.approx(plan.solver.stats["model_s"], rel=1e-9)
-        assert t <= sharded_lower_bound(problem) * 1.01
-        per_block = simulate(problem, get("fsdp-per-block")(problem)).iteration_s
-        assert t < per_block
-    # a budget under its peak: none
-    tight = Problem(graph=graph, cluster=problem.cluster, mode="sharded",
-                    memory_budget_bytes=int(plan.predicted.peak_memory_bytes) - 1)
-    assert pipelined_plan(tight) is None
-

@@ -21,6 +21,7 @@ from schedopt.plan import SolverInfo, validate
 from schedopt.shard_sim import _most_held, fewest_units, memory_floor, regathered_bytes, sharded_lower_bound
 from schedopt.sharding import Unit
 from schedopt.solvers import get, solvers_for
+from schedopt.solvers.fine_units import least_memory_plan, pipelined_plan
 from schedopt.synthetic import chain, transformer_like
 
 from .conftest import MS
@@ -365,3 +366,39 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     assert summary["peak_memory_bytes"] > 0 and summary["num_units"] == 3
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert any(e["ph"] == "C" for e in trace) and any(e.get("cat") == "all-gather" for e in trace)
+
+
+def test_the_pipelined_units_step_is_the_simulators_and_within_1_percent_of_the_bound():
+    """No budget: every unit kept, every all-gather issued at once. The joint DP's objective is the
+    simulated step exactly, and finer units than blocks let the first and last be small."""
+    graph = transformer_like(8, hidden=512, num_heads=8, seq_len=256, vocab_size=8000)
+    for net, n in (("100gbe", 64), ("ib-hdr", 8)):
+        problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode="sharded")
+        plan = pipelined_plan(problem)
+        assert plan is not None and all(not u.reshard_after_forward for u in plan.units)
+        t = simulate(problem, plan).iteration_s
+        assert t == pytest.approx(plan.solver.stats["model_s"], rel=1e-9)
+        assert t <= sharded_lower_bound(problem) * 1.01
+        per_block = simulate(problem, get("fsdp-per-block")(problem)).iteration_s
+        assert t < per_block
+    # a budget under its peak: none
+    tight = Problem(graph=graph, cluster=problem.cluster, mode="sharded",
+                    memory_budget_bytes=int(plan.predicted.peak_memory_bytes) - 1)
+    assert pipelined_plan(tight) is None
+
+
+def test_the_finest_units_reach_the_memory_floor_where_no_block_layout_fits():
+    """Every unit a layer, every one resharded, nothing prefetched: the least peak of any plan. A budget at
+    that floor has a plan (cpsat's), none of the block layouts; one byte under it, none, said in one line."""
+    graph = transformer_like(4, hidden=256, num_heads=4, seq_len=128, vocab_size=1000)
+    free = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")
+    floor = memory_floor(free)[0]
+    assert least_memory_plan(free)[1] == floor
+    tight = replace(free, memory_budget_bytes=math.ceil(floor))
+    with pytest.raises(SolverError, match="per rank at the least"):
+        get("fsdp-per-block")(tight)
+    plan = get("cpsat")(tight, time_limit_s=1)
+    assert plan.predicted.peak_memory_bytes <= tight.memory_budget_bytes and len(plan.units) > 4
+    with pytest.raises(SolverError, match=r"finest units .* peak at 5\.6MiB") as below:
+        get("cpsat")(replace(free, memory_budget_bytes=math.floor(floor) - 1), time_limit_s=1)
+    assert "\n" not in str(below.value)

@@ -42,9 +42,10 @@ from schedopt.problem import Problem
 from schedopt.shard_sim import peak_memory, sharded_lower_bound
 from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
+from schedopt.units import format_size
 
 from ..fsdp import atoms, block_groups, build_units
-from ..pipeline import pipelined_plan
+from ..fine_units import least_memory_plan, pipelined_plan
 from ..registry import SOLVERS, solvers_for
 
 if TYPE_CHECKING:
@@ -427,8 +428,10 @@ def _keep_last_starts(problem: Problem, plan_of) -> list[Plan]:
     return out
 
 
-def _best_baseline(problem: Problem) -> Plan:
-    """The fastest baseline plan within the budget; SolverError naming each one's least peak where none fits."""
+def _warm_starts(problem: Problem) -> list[Plan]:
+    """Every start within the budget, fastest first: the fastest baseline (asynchronous where that is no
+    slower), the greedy starts and the least-memory plan; SolverError naming each baseline's least peak
+    and the finest units' where none fits."""
     baselines, failures = [], []
     for name in solvers_for("sharded"):
         if name == "cpsat":
@@ -437,9 +440,15 @@ def _best_baseline(problem: Problem) -> Plan:
             baselines.append(SOLVERS[name](problem))
         except SolverError as exc:
             failures.append(str(exc))
-    if not baselines:
-        raise SolverError(f"cpsat: no sharded plan within the memory budget; {'; '.join(failures)}")
-    return min(baselines, key=lambda p: p.predicted.iteration_s)
+    starts = [_asynchronous(problem, min(baselines, key=lambda p: p.predicted.iteration_s))] if baselines else []
+    if problem.graph.modules is not None:
+        starts += [s.with_prediction(simulate(problem, s).prediction()) for s in _greedy_starts(problem)]
+    least, least_peak = least_memory_plan(problem)
+    starts += [least] if least is not None else []
+    if not starts:
+        raise SolverError(f"cpsat: no sharded plan within the memory budget; {'; '.join(failures)}; its finest units "
+                          f"(a layer each, every one resharded, no prefetch) peak at {format_size(least_peak)}")
+    return sorted(starts, key=lambda p: p.predicted.iteration_s)  # stable: the baseline first among equals
 
 
 def _asynchronous(problem: Problem, plan: Plan) -> Plan:
@@ -460,10 +469,7 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     from ortools.sat.python import cp_model
 
     started = time.perf_counter()
-    starts = [_asynchronous(problem, _best_baseline(problem))]
-    if problem.graph.modules is not None:
-        starts += [s.with_prediction(simulate(problem, s).prediction()) for s in _greedy_starts(problem)]
-    starts.sort(key=lambda p: p.predicted.iteration_s)  # stable: the baseline first among equals
+    starts = _warm_starts(problem)
     best = starts[0]
     bound = sharded_lower_bound(problem)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}

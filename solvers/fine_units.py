@@ -1,4 +1,7 @@
-"""Pipelined units: the fastest layout of unsharded units with every all-gather issued at once.
+"""Plans over the finest units ``fully_shard`` can group (:func:`.fsdp.fine_atoms`: a block's own linear
+and norm layers): the two ends of the memory range.
+
+**Pipelined units**, the fastest layout of unsharded units with every all-gather issued at once.
 
 Where the budget lets every unit stay unsharded (the barrier-like case), a unit costs its fixed
 collective cost twice (an all-gather in the forward, a reduce-scatter in the backward) and pays
@@ -11,10 +14,17 @@ gradient is its earliest parameter's (a chain). The split is chosen over the fin
 ``fully_shard`` can make (:func:`.fsdp.fine_atoms`: a block's own linear and norm layers), so
 the first and last units can be a layer rather than a block; the first run goes to the root where
 the root has parameters (a tied embedding). The plan is simulated: the simulator is the judge.
+
+**The least memory**: every unit resharded after its forward, nothing prefetched, the fastest of
+that with a forward or backward prefetch of one where the budget allows it. Small units hold
+little at once: on the benchmark's models this peak is the memory floor
+(:func:`schedopt.shard_sim.memory_floor`), the least any plan can hold, so a budget that admits
+any plan admits this one.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import accumulate
 
 import numpy as np
@@ -29,7 +39,7 @@ from schedopt.simulate import simulate
 
 from .fsdp import build_units, coarsen, fine_atoms
 
-__all__ = ["pipelined_plan"]
+__all__ = ["pipelined_plan", "least_memory_plan"]
 
 
 def pipelined_plan(problem: Problem) -> Plan | None:
@@ -72,3 +82,26 @@ def pipelined_plan(problem: Problem) -> Plan | None:
     if budget is not None and peak_memory(graph, plan)[0] > budget:
         return None
     return plan.with_prediction(simulate(problem, plan).prediction())
+
+
+def least_memory_plan(problem: Problem) -> tuple[Plan | None, float]:
+    """(the least-memory plan within the budget, or None; the least peak of the finest units) (module
+    docstring); (None, inf) where the graph has no module tree or no module outside the root."""
+    graph = problem.graph
+    if graph.modules is None or not (leaves := fine_atoms(graph)):
+        return None, float("inf")
+    budget, order = problem.memory_budget_bytes, engine_order(graph)
+    fitting, least = [], float("inf")
+    kept = build_units(graph, [[m] for m in leaves], reshard=[False] * len(leaves))
+    spans = Geometry(graph, order, kept).spans  # a unit read again after the next one's forward began stays kept
+    reshard = [not u.is_root and (k + 1 == len(kept) or spans[k].forward_last <= spans[k + 1].forward_first)
+               for k, u in enumerate(kept)]
+    for ahead, behind in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        units = [replace(u, reshard_after_forward=r, prefetch_forward=min(ahead, k),
+                         prefetch_backward=min(behind, len(kept) - 1 - k)) for k, (u, r) in enumerate(zip(kept, reshard))]
+        plan = Plan.for_problem(problem, order=order, units=units, solver=SolverInfo(name="least-memory"))
+        peak = peak_memory(graph, plan)[0]
+        least = min(least, peak)
+        if budget is None or peak <= budget:
+            fitting.append(plan.with_prediction(simulate(problem, plan).prediction()))
+    return min(fitting, key=lambda p: p.predicted.iteration_s, default=None), least
