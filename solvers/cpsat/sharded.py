@@ -20,10 +20,11 @@ Model, in integer ticks, on the stream's *points* (before and after ops where a 
   at most the budget. Objective: the step's end (the last of the backward and the channel) plus the
   optimizer.
 
-The warm start is the best plan within the budget among the baselines and the greedy starts
-(:func:`_greedy_starts`, the pipelined units among them); the model is hinted with the best of those
-whose units are its candidates (``stats["hinted"]`` names it). The plan read back is re-simulated: the simulator is the judge of time and
-memory, and the warm start is returned when CP-SAT's plan is not better (``stats["result"]``); a
+The warm start is the best plan within the budget among the baselines, the greedy starts
+(:func:`_greedy_starts`, the pipelined units among them) and the least-memory plan
+(:mod:`..fine_units`); the model is hinted with the best of those whose units are its candidates
+(``stats["hinted"]`` names it). The plan read back is re-simulated: the simulator is the judge of
+time and memory, and the warm start is returned when CP-SAT's plan is not better (``stats["result"]``); a
 plan over budget tightens the next model's cap by its excess (at most :data:`ROUNDS` solves). The
 bound reported is :func:`schedopt.shard_sim.sharded_lower_bound` (valid for every sharded plan within the budget);
 the model's own bound holds only inside its windows and is recorded as ``stats["model_bound_s"]``.
@@ -369,7 +370,7 @@ def _greedy_starts(problem: Problem) -> list[Plan]:
     """The warm starts beyond the baselines: every atom its own unit, kept unsharded, gathered 1, 2, 4 or
     all units ahead (where the budget allows it: the barrier-like case); from the two-ahead one, the
     largest kept unit resharded, one after another, until the plan fits the budget (then prefetch
-    lowered); the pipelined units (:func:`..pipeline.pipelined_plan`, where they fit); and the most
+    lowered); the pipelined units (:func:`..fine_units.pipelined_plan`, where they fit); and the most
     atoms kept at the end per prefetch distance (:func:`_keep_last_starts`)."""
     graph, budget = problem.graph, problem.memory_budget_bytes
     names, pinned = atoms(graph)
