@@ -199,7 +199,7 @@ def sharded_lower_bound(problem: Problem) -> float:
       finishes a parameter's last gradient ends: in between (``D``, that span's compute) only the
       all-gathers that fetch parameters a second time can use it. Those move at least ``again``
       bytes (:func:`regathered_bytes`: what the budget cannot hold between a parameter's reads), in
-      collectives of their own.
+      collectives of their own, no larger than a unit can be (:func:`_regather_s`).
 
     With interference ``compute`` becomes :func:`.steady.least_span` of it and the channel's busy time.
     """
@@ -222,7 +222,7 @@ def sharded_lower_bound(problem: Problem) -> float:
     joint = _joint_bounds(first_read, last_grad, nbytes, after, backward, gather, scatter)
     both = first_read and last_grad  # D: from the last first read to the first last gradient
     gap = max(0.0, after[max(first_read.values())] - after[min(last_grad.values()) + 1]) if both else 0.0
-    regather = gather(again) if (again := regathered_bytes(problem, held=held)) > 0 else 0.0
+    regather = _regather_s(problem, held, gather)
     total, least = graph.total_param_bytes, fewest_units(problem, held=held)
     best, least_f, least_b = math.inf, math.inf, math.inf
     for n in range(1, max(least, len(reads), len(grads)) + 1):
@@ -320,10 +320,20 @@ def fewest_units(problem: Problem, *, held: tuple | None = None) -> int:
     units are at least as many as the fewest ops whose caps add up to every gradient's bytes.
     ``held``: :func:`_held_levels` of ``problem``, where the caller has it.
     """
-    graph, budget = problem.graph, problem.memory_budget_bytes
-    if budget is None or not graph.params:
+    if problem.memory_budget_bytes is None or not problem.graph.params:
         return 1
-    order, geometry, levels = held or _held_levels(problem)
+    caps, total = _unit_caps(problem, held or _held_levels(problem))
+    covered = list(accumulate(caps))
+    return next((k + 1 for k, c in enumerate(covered) if c >= total * (1 - 1e-12)), max(1, len(caps)))
+
+
+def _unit_caps(problem: Problem, held: tuple) -> tuple[list[float], float]:
+    """(``cap(j)`` per op that finishes a last gradient, largest first; every gradient's bytes): see
+    :func:`fewest_units`. The largest cap bounds every unit's size. No budget: no caps."""
+    graph, budget = problem.graph, problem.memory_budget_bytes
+    if budget is None:
+        return [], 0.0
+    order, geometry, levels = held
     live = [0.0] * (len(order) + 1)  # per position: bytes held there whose last gradient is at or before it
     ends: set[int] = set()
     total = 0.0
@@ -337,9 +347,20 @@ def fewest_units(problem: Problem, *, held: tuple | None = None) -> int:
         total += nbytes
     live = list(accumulate(live[:-1]))
     spare = budget - graph.total_param_bytes / problem.cluster.world_size
-    caps = sorted((max(0.0, spare - levels[j]) / 2 + live[j] for j in ends), reverse=True)
-    covered = list(accumulate(caps))
-    return next((k + 1 for k, c in enumerate(covered) if c >= total * (1 - 1e-12)), max(1, len(caps)))
+    return sorted((max(0.0, spare - levels[j]) / 2 + live[j] for j in ends), reverse=True), total
+
+
+def _regather_s(problem: Problem, held: tuple, gather) -> float:
+    """The channel time of the second gathers: :func:`regathered_bytes`, in at least as many all-gathers as
+    units of the largest size the budget allows (:func:`_unit_caps`) would need; one where a parameter
+    has no gradient (a unit of such parameters has no cap)."""
+    again = regathered_bytes(problem, held=held)
+    if again <= 0:
+        return 0.0
+    caps, total = _unit_caps(problem, held)
+    every = all(t["grads"] for t in held[1].touches.values()) and len(held[1].touches) == len(problem.graph.params)
+    calls = math.ceil(again / caps[0] * (1 - 1e-12)) if every and caps and caps[0] > 0 else 1
+    return calls * gather(0.0) + gather(again) - gather(0.0)
 
 
 def regathered_bytes(problem: Problem, *, held: tuple | None = None) -> float:

@@ -118,6 +118,11 @@ def test_a_budget_too_small_to_keep_weights_for_their_backward_raises_the_bound_
     t = simulate(problem, sharded_plan(problem, units))
     assert (t.iteration_s, t.peak_memory_bytes) == (pytest.approx(89 * MS), pytest.approx(14000))
     assert t.lower_bound_s == pytest.approx(80 * MS)
+    # with 1 ms a collective: at least 3 units (no unit holds more than 4000 B where its last gradient is
+    # finished), and the 8000 B again in at least two all-gathers: 31 + 31 + 2 (1 + 1) + 2 + 20 = 88 ms
+    fixed = replace(problem, cluster=replace(slow, latency_s=1e-3))
+    assert fewest_units(fixed) == 3 and sharded_lower_bound(fixed) == pytest.approx(88 * MS)
+    assert simulate(fixed, sharded_plan(fixed, units)).iteration_s >= 88 * MS
 
 
 @settings(max_examples=100, deadline=None)
