@@ -17,6 +17,7 @@ from schedopt.importers import from_torch
 from schedopt.orders import engine_order
 from schedopt.plan import SolverInfo, validate
 from schedopt.solvers import get
+from schedopt.solvers.fine_units import least_memory_plan, pipelined_plan
 from schedopt.solvers.fsdp import build_units
 
 from . import shard_workers as workers
@@ -52,6 +53,9 @@ CASES = {
     "tiny_gpt cpsat (tied embedding)": lambda w: ("tiny_gpt", solved("tiny_gpt", "cpsat", w)),
     "tied_frozen_norm fsdp-size (frozen layer, buffers)": lambda w: ("tied_frozen_norm", solved("tied_frozen_norm", "fsdp-size", w)),
     "tiny_gpt units of several modules": lambda w: ("tiny_gpt", spanning("tiny_gpt", [["wpe", "h.0"], ["h.1", "ln_f"]], w)),
+    # the finest units: layers of two blocks in one unit, every gather issued at the root's forward
+    "tiny_gpt pipelined units": lambda w: ("tiny_gpt", pipelined_plan(problem_of("tiny_gpt", w))),
+    "tiny_gpt least memory (a layer each)": lambda w: ("tiny_gpt", least_memory_plan(problem_of("tiny_gpt", w))[0]),
 }
 
 

@@ -45,8 +45,8 @@ from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
 from schedopt.units import format_size
 
-from ..fsdp import atoms, block_groups, build_units
 from ..fine_units import least_memory_plan, pipelined_plan
+from ..fsdp import atoms, block_groups, build_units
 from ..registry import SOLVERS, solvers_for
 
 if TYPE_CHECKING:
