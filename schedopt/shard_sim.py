@@ -32,6 +32,7 @@ allocations. The timeline reports the peak, when it occurs and what is alive the
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
@@ -51,6 +52,9 @@ __all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_boun
            "fewest_units"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
+
+#: :func:`sharded_lower_bound` per graph (held weakly), then per cluster, budget and execution
+_BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 @dataclass(slots=True)
@@ -202,7 +206,18 @@ def sharded_lower_bound(problem: Problem) -> float:
       collectives of their own, no larger than a unit can be (:func:`_regather_s`).
 
     With interference ``compute`` becomes :func:`.steady.least_span` of it and the channel's busy time.
+    Computed once per graph, cluster, budget and execution (a graph is immutable): every simulation of
+    a sharded plan reports it, and a solver simulates many plans of one problem.
     """
+    key = (repr(problem.cluster), problem.memory_budget_bytes, problem.execution)
+    known = _BOUNDS.setdefault(problem.graph, {})
+    if key not in known:
+        known[key] = _lower_bound(problem)
+    return known[key]
+
+
+def _lower_bound(problem: Problem) -> float:
+    """:func:`sharded_lower_bound`, computed."""
     graph, cluster = problem.graph, problem.cluster
     t_opt = graph.totals.optimizer_s
     if not graph.params or cluster.world_size == 1:
