@@ -13,8 +13,10 @@ Run by ``bash bench/gpu_check.sh`` (under ``torchrun --nproc-per-node 1``, NCCL)
 3. The compiled runtime (``schedopt.runtime.compile``, a barrier plan) on the same models: the
    gradients of three steps against DDP's, beside ``torch.compile``'s own (see ``check_compiled``).
 4. ``shard`` (FSDP2 configured by a sharded plan) on tiny GPT: the ``fsdp-per-block`` plan with
-   deeper prefetches and its last block kept unsharded, and the ``fsdp-size`` plan (units of
-   several modules), 5 AdamW steps against torch's own ``fully_shard`` per block: parameters
+   deeper prefetches and its last block kept unsharded, the ``fsdp-size`` plan (units of
+   several modules), the pipelined units (layers of several blocks in one unit, every all-gather
+   issued at the root's forward) and the least-memory plan (a layer each, every one resharded),
+   5 AdamW steps against torch's own ``fully_shard`` per block: parameters
    equal and a peak of held bytes recorded. At world size 1 FSDP2 skips its all-gathers and
    reduce-scatters, so the recorder then sees none (checked); its CUDA path is checked on its own:
 5. the shard recorder's collectives called directly on the NCCL group, inside a step: each one's
@@ -63,6 +65,7 @@ def plans_for(name: str, example: tuple, loss_fn: Any, model: torch.nn.Module) -
     from schedopt import Cluster, Problem
     from schedopt.importers import from_torch
     from schedopt.solvers import get
+    from schedopt.solvers.fine_units import least_memory_plan, pipelined_plan
 
     cpu = copy.deepcopy(model).cpu()
     graph = from_torch(cpu, tuple(x.cpu() for x in example), loss_fn=loss_fn, name=name)
@@ -217,6 +220,7 @@ def sharded_plans(model: torch.nn.Module, example: tuple, loss_fn: Any, name: st
     from schedopt import Cluster, Problem
     from schedopt.importers import from_torch
     from schedopt.solvers import get
+    from schedopt.solvers.fine_units import least_memory_plan, pipelined_plan
 
     cpu = copy.deepcopy(model).cpu()
     graph = from_torch(cpu, tuple(x.cpu() for x in example), loss_fn=loss_fn, name=name)
@@ -227,7 +231,9 @@ def sharded_plans(model: torch.nn.Module, example: tuple, loss_fn: Any, name: st
         units[k] = replace(units[k], prefetch_forward=min(2, k))
     units[-1] = replace(units[-1], reshard_after_forward=False, prefetch_backward=0)
     deeper = replace(per_block, units=tuple(units), predicted=None)
-    return {"per-block-deeper": deeper, "size": get("fsdp-size")(problem)}
+    plans = {"per-block-deeper": deeper, "size": get("fsdp-size")(problem),
+             "pipelined": pipelined_plan(problem), "least-memory": least_memory_plan(problem)[0]}
+    return {label: plan for label, plan in plans.items() if plan is not None}
 
 
 def check_shard(name: str, device: torch.device) -> list[dict]:

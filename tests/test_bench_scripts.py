@@ -65,7 +65,8 @@ def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
     names = [(c["check"], c["model"]) for c in result["checks"]]
     assert ("profile", "tiny_cnn") in names and ("compiled", "tiny_gpt") in names
     assert {c["check"] for c in result["checks"]} == {"profile", "wrap-barrier", "wrap-overlap", "wrap-osp", "compiled",
-                                                      "shard-per-block-deeper", "shard-size", "shard-recorder"}
+                                                      "shard-per-block-deeper", "shard-size", "shard-pipelined",
+                                                      "shard-least-memory", "shard-recorder"}
     compiled = next(c for c in result["checks"] if c["check"] == "compiled")
     assert compiled["rel_diff"] == 0.0 and compiled["control_rel_diff"] == 0.0  # torch.compile's control ran too
     recorded = next(c for c in result["checks"] if c["check"] == "shard-recorder")["collectives"]
