@@ -66,6 +66,16 @@ class Sides:
     lead_b: np.ndarray
     floor_b: float
 
+    @classmethod
+    def of(cls, gather, scatter, running_bytes, *, lead_f, lead_b, floor_f: float, floor_b: float) -> "Sides":
+        """The sides of positions with ``running_bytes``, from the two collectives' affine costs (bytes ->
+        seconds): the all-gathers' (forward) and the reduce-scatters' (backward)."""
+        a_f, a_b = gather(0.0), scatter(0.0)
+        return cls(intercept_f=a_f, moved_f=np.array([gather(b) for b in running_bytes]) - a_f,
+                   lead_f=np.asarray(lead_f, dtype=float), floor_f=floor_f, intercept_b=a_b,
+                   moved_b=np.array([scatter(b) for b in running_bytes]) - a_b,
+                   lead_b=np.asarray(lead_b, dtype=float), floor_b=floor_b)
+
     def value(self, starts: list[int]) -> float:
         """The objective of the split whose runs start at ``starts`` (0 first)."""
         ends = [s - 1 for s in starts[1:]] + [len(self.lead_f) - 1]

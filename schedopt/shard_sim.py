@@ -268,11 +268,9 @@ def _joint_bounds(first_read: dict[str, int], last_grad: dict[str, int], nbytes:
     earliest = [min(last_grad.get(p, -1) for p in at[j]) for j in positions]
     if first_read and set(first_read) == set(last_grad) and all(a <= b for a, b in zip(latest[1:], earliest)):
         cum = np.cumsum([sum(nbytes[p] for p in at[j]) for j in positions])
-        sides = Sides(intercept_f=gather(0.0), moved_f=np.array([gather(b) for b in cum]) - gather(0.0),
-                      lead_f=np.array([after[j] - after[backward] for j in positions]),
-                      floor_f=after[0] - after[backward], intercept_b=scatter(0.0),
-                      moved_b=np.array([scatter(b) for b in cum]) - scatter(0.0),
-                      lead_b=np.array([after[backward] - after[k + 1] for k in earliest]), floor_b=after[backward])
+        sides = Sides.of(gather, scatter, cum, lead_f=[after[j] - after[backward] for j in positions],
+                         lead_b=[after[backward] - after[k + 1] for k in earliest], floor_f=after[0] - after[backward],
+                         floor_b=after[backward])
         for runs in joint_runs(sides):
             bound = runs.bound
             yield bound

@@ -28,12 +28,13 @@ from itertools import accumulate
 
 import numpy as np
 
+from schedopt.graph import TrainGraph
 from schedopt.orders import engine_order
 from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
 from schedopt.runs import Sides, joint_runs
 from schedopt.shard_sim import peak_memory
-from schedopt.sharding import Geometry
+from schedopt.sharding import Geometry, Unit
 from schedopt.simulate import simulate
 
 from .fsdp import build_units, coarsen, fine_atoms
@@ -48,20 +49,17 @@ def pipelined_plan(problem: Problem) -> Plan | None:
     if graph.modules is None or cluster.world_size == 1 or not (leaves := fine_atoms(graph)):
         return None
     order = engine_order(graph)
-    units = build_units(graph, [[m] for m in leaves], reshard=[False] * len(leaves))
+    units = _finest(graph, leaves)
     geometry = Geometry(graph, order, units)
     durations = [graph.ops[o].duration_s for o in geometry.compute_ops]
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
     backward = geometry.backward_start
-    cum = np.cumsum(geometry.nbytes, dtype=float)
     gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
     scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
-    sides = Sides(intercept_f=gather(0.0), moved_f=np.array([gather(b) for b in cum]) - gather(0.0),
-                  lead_f=np.array([after[s.forward_first] - after[backward] for s in geometry.spans]),
-                  floor_f=after[0] - after[backward],
-                  intercept_b=scatter(0.0), moved_b=np.array([scatter(b) for b in cum]) - scatter(0.0),
-                  lead_b=np.array([after[backward] - after[s.backward_last + 1] for s in geometry.spans]),
-                  floor_b=after[backward])
+    sides = Sides.of(gather, scatter, np.cumsum(geometry.nbytes, dtype=float),
+                     lead_f=[after[s.forward_first] - after[backward] for s in geometry.spans],
+                     lead_b=[after[backward] - after[s.backward_last + 1] for s in geometry.spans],
+                     floor_f=after[0] - after[backward], floor_b=after[backward])
     best = None
     for n, runs in enumerate(joint_runs(sides, splits=True), 1):
         best = runs
@@ -91,7 +89,7 @@ def least_memory_plan(problem: Problem) -> tuple[Plan | None, float]:
         return None, float("inf")
     budget, order = problem.memory_budget_bytes, engine_order(graph)
     fitting, least = [], float("inf")
-    kept = build_units(graph, [[m] for m in leaves], reshard=[False] * len(leaves))
+    kept = _finest(graph, leaves)
     spans = Geometry(graph, order, kept).spans  # a unit read again after the next one's forward began stays kept
     reshard = [not u.is_root and (k + 1 == len(kept) or spans[k].forward_last <= spans[k + 1].forward_first)
                for k, u in enumerate(kept)]
@@ -104,3 +102,8 @@ def least_memory_plan(problem: Problem) -> tuple[Plan | None, float]:
         if budget is None or peak <= budget:
             fitting.append(plan.with_prediction(simulate(problem, plan).prediction()))
     return min(fitting, key=lambda p: p.predicted.iteration_s, default=None), least
+
+
+def _finest(graph: TrainGraph, leaves: list[str]) -> list[Unit]:
+    """A unit per leaf (:func:`.fsdp.fine_atoms`), kept, the root for the rest, in forward order."""
+    return build_units(graph, [[m] for m in leaves], reshard=[False] * len(leaves))
