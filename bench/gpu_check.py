@@ -65,7 +65,6 @@ def plans_for(name: str, example: tuple, loss_fn: Any, model: torch.nn.Module) -
     from schedopt import Cluster, Problem
     from schedopt.importers import from_torch
     from schedopt.solvers import get
-    from schedopt.solvers.fine_units import least_memory_plan, pipelined_plan
 
     cpu = copy.deepcopy(model).cpu()
     graph = from_torch(cpu, tuple(x.cpu() for x in example), loss_fn=loss_fn, name=name)

@@ -229,7 +229,8 @@ def sharded_summary() -> dict[str, Any]:
             "possible": sum((r["most_speedup_at_no_more_memory"] or 0) >= 1.15 for r in rows),
             "infeasible": sum(1 for r in rows if r["memory_budget_bytes"] is not None
                               and r["memory_budget_bytes"] < r.get("memory_floor_bytes", 0)),
-            "unplanned": sum(r["cpsat_s"] is None for r in rows), "barrier_like": len(barrier), "barrier_gap": max((r["cpsat_gap"] for r in barrier), default=0.0),
+            "unplanned": sum(r["cpsat_s"] is None for r in rows), "barrier_like": len(barrier),
+            "barrier_gap": max((r["cpsat_gap"] for r in barrier), default=0.0),
             "barrier_within_2": sum(r["cpsat_gap"] <= 0.02 for r in barrier)}
 
 

@@ -78,10 +78,13 @@ class Sides:
 
     def value(self, starts: list[int]) -> float:
         """The objective of the split whose runs start at ``starts`` (0 first)."""
-        ends = [s - 1 for s in starts[1:]] + [len(self.lead_f) - 1]
-        x = max(g * self.intercept_f + self.moved_f[e] + self.lead_f[s] for g, (s, e) in enumerate(zip(starts, ends), 1))
-        y = max(g * self.intercept_b + self.moved_b[e] + self.lead_b[s] for g, (s, e) in enumerate(zip(starts, ends), 1))
-        return max(self.floor_f, x) + max(self.floor_b, y)
+        runs = list(enumerate(zip(starts, [s - 1 for s in starts[1:]] + [len(self.lead_f) - 1]), 1))
+
+        def largest(a: float, moved: np.ndarray, lead: np.ndarray) -> float:
+            return max(g * a + moved[e] + lead[s] for g, (s, e) in runs)
+
+        return (max(self.floor_f, largest(self.intercept_f, self.moved_f, self.lead_f))
+                + max(self.floor_b, largest(self.intercept_b, self.moved_b, self.lead_b)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,7 @@ def joint_runs(sides: Sides, *, splits: bool = False, steps: int = STEPS) -> Ite
     choices: list[np.ndarray] = []  # per n >= 2: (level, run end) -> the last run's start
     upper = np.triu(np.ones((size - 1, size), dtype=bool), k=1)
     least = np.full(steps, np.inf)  # per level, over the run counts so far
-    best = JointRuns(np.inf, (), np.inf)
+    starts, value = (), np.inf  # the best split found so far
     for n in range(1, size + 1):
         if n > 1:
             x = n * s.intercept_f + s.moved_f[None, :] + s.lead_f[1:, None]  # (run start - 1, run end)
@@ -122,11 +125,10 @@ def joint_runs(sides: Sides, *, splits: bool = False, steps: int = STEPS) -> Ite
         bound = float((np.maximum(s.floor_f, least) + below).min())
         if splits and np.isfinite(f[:, -1]).any():
             level = int(np.argmin(np.maximum(s.floor_f, f[:, -1]) + taus))
-            starts = _starts(choices, level, size - 1)
-            if (value := s.value(starts)) < best.value:
-                best = JointRuns(best.bound, tuple(starts), value)
-        best = JointRuns(bound, best.starts, best.value)
-        yield best
+            split = _starts(choices, level, size - 1)
+            if (found := s.value(split)) < value:
+                starts, value = tuple(split), found
+        yield JointRuns(bound, starts, value)
 
 
 def _starts(choices: list[np.ndarray], level: int, end: int) -> list[int]:

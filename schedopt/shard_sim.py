@@ -237,8 +237,9 @@ def _lower_bound(problem: Problem) -> float:
     joint = _joint_bounds(first_read, last_grad, nbytes, after, backward, gather, scatter)
     both = first_read and last_grad  # D: from the last first read to the first last gradient
     gap = max(0.0, after[max(first_read.values())] - after[min(last_grad.values()) + 1]) if both else 0.0
-    regather = _regather_s(problem, held, gather)
-    total, least = graph.total_param_bytes, fewest_units(problem, held=held)
+    caps = _unit_caps(problem, held)  # one pass: how few units, and how large one can be
+    regather, least = _regather_s(problem, held, gather, caps[0]), _fewest(*caps)
+    total = graph.total_param_bytes
     best, least_f, least_b = math.inf, math.inf, math.inf
     for n in range(1, max(least, len(reads), len(grads)) + 1):
         least_f, least_b = min(least_f, next(forward, math.inf)), min(least_b, next(backward_s, math.inf))
@@ -260,20 +261,24 @@ def _joint_bounds(first_read: dict[str, int], last_grad: dict[str, int], nbytes:
     where the step is a mirror: every parameter read in the forward has a gradient and a parameter first
     read later has its last gradient no later (a chain's layers). Then each unit's first forward op and
     last gradient op are its earliest parameter's, and F and B split at the same units. Else 0."""
-    bound, at = 0.0, {}
+    if not first_read or set(first_read) != set(last_grad):
+        yield from repeat(0.0)  # endless: no mirror, no joint bound
+    at: dict[int, list[str]] = {}
     for name, j in first_read.items():
         at.setdefault(j, []).append(name)
     positions = sorted(at)
-    latest = [max(last_grad.get(p, math.inf) for p in at[j]) for j in positions]
-    earliest = [min(last_grad.get(p, -1) for p in at[j]) for j in positions]
-    if first_read and set(first_read) == set(last_grad) and all(a <= b for a, b in zip(latest[1:], earliest)):
-        cum = np.cumsum([sum(nbytes[p] for p in at[j]) for j in positions])
-        sides = Sides.of(gather, scatter, cum, lead_f=[after[j] - after[backward] for j in positions],
-                         lead_b=[after[backward] - after[k + 1] for k in earliest], floor_f=after[0] - after[backward],
-                         floor_b=after[backward])
-        for runs in joint_runs(sides):
-            bound = runs.bound
-            yield bound
+    latest = [max(last_grad[p] for p in at[j]) for j in positions]
+    earliest = [min(last_grad[p] for p in at[j]) for j in positions]
+    if any(later > early for later, early in zip(latest[1:], earliest)):
+        yield from repeat(0.0)  # endless, as above
+    cum = np.cumsum([sum(nbytes[p] for p in at[j]) for j in positions])
+    sides = Sides.of(gather, scatter, cum, lead_f=[after[j] - after[backward] for j in positions],
+                     lead_b=[after[backward] - after[k + 1] for k in earliest], floor_f=after[0] - after[backward],
+                     floor_b=after[backward])
+    bound = 0.0
+    for runs in joint_runs(sides):
+        bound = runs.bound
+        yield bound
     yield from repeat(bound)
 
 
@@ -335,7 +340,11 @@ def fewest_units(problem: Problem, *, held: tuple | None = None) -> int:
     """
     if problem.memory_budget_bytes is None or not problem.graph.params:
         return 1
-    caps, total = _unit_caps(problem, held or _held_levels(problem))
+    return _fewest(*_unit_caps(problem, held or _held_levels(problem)))
+
+
+def _fewest(caps: list[float], total: float) -> int:
+    """The fewest of ``caps`` (largest first) that add up to ``total``; 1 with none."""
     covered = list(accumulate(caps))
     return next((k + 1 for k, c in enumerate(covered) if c >= total * (1 - 1e-12)), max(1, len(caps)))
 
@@ -363,14 +372,13 @@ def _unit_caps(problem: Problem, held: tuple) -> tuple[list[float], float]:
     return sorted((max(0.0, spare - levels[j]) / 2 + live[j] for j in ends), reverse=True), total
 
 
-def _regather_s(problem: Problem, held: tuple, gather) -> float:
+def _regather_s(problem: Problem, held: tuple, gather, caps: list[float]) -> float:
     """The channel time of the second gathers: :func:`regathered_bytes`, in at least as many all-gathers as
-    units of the largest size the budget allows (:func:`_unit_caps`) would need; one where a parameter
-    has no gradient (a unit of such parameters has no cap)."""
+    units of the largest size the budget allows (``caps``, :func:`_unit_caps`) would need; one where a
+    parameter has no gradient (a unit of such parameters has no cap)."""
     again = regathered_bytes(problem, held=held)
     if again <= 0:
         return 0.0
-    caps, total = _unit_caps(problem, held)
     every = all(t["grads"] for t in held[1].touches.values()) and len(held[1].touches) == len(problem.graph.params)
     calls = math.ceil(again / caps[0] * (1 - 1e-12)) if every and caps and caps[0] > 0 else 1
     return calls * gather(0.0) + gather(again) - gather(0.0)

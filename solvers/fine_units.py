@@ -95,7 +95,8 @@ def least_memory_plan(problem: Problem) -> tuple[Plan | None, float]:
                for k, u in enumerate(kept)]
     for ahead, behind in ((0, 0), (1, 0), (0, 1), (1, 1)):
         units = [replace(u, reshard_after_forward=r, prefetch_forward=min(ahead, k),
-                         prefetch_backward=min(behind, len(kept) - 1 - k)) for k, (u, r) in enumerate(zip(kept, reshard))]
+                         prefetch_backward=min(behind, len(kept) - 1 - k))
+                 for k, (u, r) in enumerate(zip(kept, reshard))]
         plan = Plan.for_problem(problem, order=order, units=units, solver=SolverInfo(name="least-memory"))
         peak = peak_memory(graph, plan)[0]
         least = min(least, peak)

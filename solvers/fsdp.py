@@ -39,8 +39,8 @@ from schedopt.units import format_size
 
 from .registry import register
 
-__all__ = ["atoms", "block_groups", "coarsen", "fine_atoms", "build_units", "fit_budget", "size_cap_bytes", "solve_fsdp_per_block", "solve_fsdp_root",
-           "solve_fsdp_size"]
+__all__ = ["atoms", "block_groups", "coarsen", "fine_atoms", "build_units", "fit_budget", "size_cap_bytes",
+           "solve_fsdp_per_block", "solve_fsdp_root", "solve_fsdp_size"]
 
 SHARDED = ("sharded",)
 MIN_CAP_BYTES, MAX_CAP_BYTES = 50_000_000, 2_000_000_000
@@ -158,15 +158,15 @@ def coarsen(graph: TrainGraph, modules: Sequence[str]) -> list[str]:
     in it named instead of them, bottom up: the same parameters for ``fully_shard``, in fewer names."""
     tree = graph.modules
     assert tree is not None
-    out = list(modules)
+    out, owning = list(modules), set(tree.owners.values())
     while True:
-        parents = {p for m in out if (p := m.rpartition(".")[0]) and p not in tree.owners.values()}
+        parents = {p for m in out if (p := m.rpartition(".")[0]) and p not in owning}
         whole = [p for p in parents if (kids := [c for c in tree.child_paths(p) if tree.params_under(c)])
                  and set(kids) <= set(out)]
         if not whole:
             return out
         for parent in whole:
-            kids = {c for c in tree.child_paths(parent)}
+            kids = set(tree.child_paths(parent))
             at = min(k for k, m in enumerate(out) if m in kids)
             out = [m for m in out[:at] if m not in kids] + [parent] + [m for m in out[at:] if m not in kids]
 

@@ -36,7 +36,8 @@ def test_joint_runs_bound_every_split_and_find_one_within_a_step_of_the_best(s):
     for n, runs in enumerate(joint_runs(s, splits=True), 1):
         best = min(best, min(s.value(split) for split in _splits(size, n)))  # at most n runs
         assert runs.bound <= best + 1e-9 and best - step - 1e-9 <= runs.bound
-        assert runs.value == pytest.approx(s.value(list(runs.starts))) and best - 1e-9 <= runs.value <= best + step + 1e-9
+        assert runs.value == pytest.approx(s.value(list(runs.starts)))
+        assert best - 1e-9 <= runs.value <= best + step + 1e-9
 
 
 def test_least_runs_is_the_best_split_of_one_side():

@@ -21,8 +21,8 @@ Model, in integer ticks, on the stream's *points* (before and after ops where a 
   optimizer.
 
 The warm start is the best plan within the budget among the baselines, the greedy starts
-(:func:`_greedy_starts`, the pipelined units among them) and the least-memory plan
-(:mod:`..fine_units`); the model is hinted with the best of those whose units are its candidates
+(:func:`_greedy_starts`) and the two plans of the finest units (:mod:`..fine_units`: the pipelined
+units and the least-memory plan); the model is hinted with the best of those whose units are its candidates
 (``stats["hinted"]`` names it). The plan read back is re-simulated: the simulator is the judge of
 time and memory, and the warm start is returned when CP-SAT's plan is not better (``stats["result"]``); a
 plan over budget tightens the next model's cap by its excess (at most :data:`ROUNDS` solves). The
@@ -370,8 +370,7 @@ def _greedy_starts(problem: Problem) -> list[Plan]:
     """The warm starts beyond the baselines: every atom its own unit, kept unsharded, gathered 1, 2, 4 or
     all units ahead (where the budget allows it: the barrier-like case); from the two-ahead one, the
     largest kept unit resharded, one after another, until the plan fits the budget (then prefetch
-    lowered); the pipelined units (:func:`..fine_units.pipelined_plan`, where they fit); and the most
-    atoms kept at the end per prefetch distance (:func:`_keep_last_starts`)."""
+    lowered); and the most atoms kept at the end per prefetch distance (:func:`_keep_last_starts`)."""
     graph, budget = problem.graph, problem.memory_budget_bytes
     names, pinned = atoms(graph)
     groups = [[m] for m in names if m not in pinned]
@@ -403,8 +402,6 @@ def _greedy_starts(problem: Problem) -> list[Plan]:
             units = [replace(u, prefetch_forward=max(0, u.prefetch_forward - 1),
                              prefetch_backward=max(0, u.prefetch_backward - 1)) for u in units]
         plan, peak = plan_of(units, "greedy-reshard")
-    if (pipelined := pipelined_plan(problem)) is not None:  # the finest units, all kept: the barrier-like case's
-        out.append(pipelined)
     return out + _keep_last_starts(problem, plan_of)
 
 
@@ -431,8 +428,9 @@ def _keep_last_starts(problem: Problem, plan_of) -> list[Plan]:
 
 def _warm_starts(problem: Problem) -> list[Plan]:
     """Every start within the budget, fastest first: the fastest baseline (asynchronous where that is no
-    slower), the greedy starts and the least-memory plan; SolverError naming each baseline's least peak
-    and the finest units' where none fits."""
+    slower), the greedy starts, and the two plans of the finest units (:mod:`..fine_units`: the
+    pipelined units and the least memory, simulated there); SolverError naming each baseline's least
+    peak and the finest units' where none fits."""
     baselines, failures = [], []
     for name in solvers_for("sharded"):
         if name == "cpsat":
@@ -445,7 +443,7 @@ def _warm_starts(problem: Problem) -> list[Plan]:
     if problem.graph.modules is not None:
         starts += [s.with_prediction(simulate(problem, s).prediction()) for s in _greedy_starts(problem)]
     least, least_peak = least_memory_plan(problem)
-    starts += [least] if least is not None else []
+    starts += [p for p in (pipelined_plan(problem), least) if p is not None]
     if not starts:
         raise SolverError(f"cpsat: no sharded plan within the memory budget; {'; '.join(failures)}; its finest units "
                           f"(a layer each, every one resharded, no prefetch) peak at {format_size(least_peak)}")
