@@ -17,7 +17,7 @@ from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
 from .io import check_output_dir, check_output_file, dumps, write_json_atomic, write_text_atomic
 from .load import ImportOptions, load_model, model_file, model_kind
-from .plan import PLAN_SCHEMA, Plan
+from .plan import Plan
 from .problem import DEFAULT_MAX_STALE_FRACTION, EXECUTIONS, MODES, Problem
 from .units import format_duration, format_size, parse_bandwidth, parse_duration, parse_size
 
@@ -438,27 +438,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(dumps(plan.to_json(), indent=2))
         return 0
-    s, p = plan.solver, plan.predicted
-    print(f"model      {plan.model.name}  ({plan.model.num_params} params, {plan.model.fingerprint[:23]}...)")
-    print(f"cluster    {plan.cluster.describe()}")
-    print(f"mode       {plan.mode}")
-    old = f" (a {plan.schema} plan: made before plans recorded it, its order chosen freely)" \
-        if plan.schema != PLAN_SCHEMA else ""
-    print(f"execution  {plan.execution}{old}")
-    gap = f", gap {s.gap * 100:.2f}%" if s.gap is not None else ""
-    print(f"solver     {s.name} [{s.status}] in {format_duration(s.solve_time_s)}{gap}")
-    if p is not None:
-        print(f"predicted  iteration {format_duration(p.iteration_s)}, lower bound {format_duration(p.lower_bound_s)},"
-              f" exposed comm {format_duration(p.exposed_comm_s)}")
-    print(f"order      {len(plan.order)} ops")
-    print(f"buckets    {len(plan.buckets)} ({sum(b.chunks for b in plan.buckets)} collectives)")
-    for k, b in enumerate(plan.buckets):
-        size = ""
-        if graph is not None:
-            size = format_size(sum(graph.params[n].nbytes for n in b.params))
-        first = b.params[0] + (f" .. {b.params[-1]}" if len(b.params) > 1 else "")
-        chunks = f" x{b.chunks}" if b.chunks > 1 else ""
-        print(f"  {k:>3}  {len(b.params):>4} params  {size:>9}{chunks}  {first}")
+    from .plan_text import describe_plan
+
+    print(describe_plan(plan, graph))
     return 0
 
 

@@ -23,6 +23,7 @@ from schedopt.sharding import Unit
 from schedopt.solvers import get, solvers_for
 from schedopt.solvers.fine_units import least_memory_plan, pipelined_plan
 from schedopt.synthetic import chain, transformer_like
+from schedopt.units import format_size
 
 from .conftest import MS
 
@@ -371,6 +372,30 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     assert summary["peak_memory_bytes"] > 0 and summary["num_units"] == 3
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert any(e["ph"] == "C" for e in trace) and any(e.get("cat") == "all-gather" for e in trace)
+
+
+def test_inspect_lists_a_sharded_plans_units_with_their_flags_and_the_peak(tmp_path, capsys):
+    """What FSDP2 is told per unit, in forward order: gathered bytes, reshard, prefetch distances."""
+    from schedopt.cli import main
+
+    graph = transformer_like(2, hidden=64, num_heads=4, seq_len=16, vocab_size=100)
+    graph.save(tmp_path / "g.json")
+    assert main(["plan", str(tmp_path / "g.json"), "--mode", "sharded", "--solver", "fsdp-per-block",
+                 "--memory-budget", "10MiB", "-o", str(tmp_path / "p.json")]) == 0
+    plan = Plan.load(tmp_path / "p.json")
+    for argv in ([], [str(tmp_path / "g.json")]):  # sizes from the plan's own record, or from the graph
+        capsys.readouterr()
+        assert main(["inspect", str(tmp_path / "p.json"), *argv]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert f"memory     peak {format_size(plan.predicted.peak_memory_bytes)} per rank (budget 10.0MiB)" in lines
+        rows = lines[lines.index(next(x for x in lines if x.strip().startswith("#"))) + 1:]
+        assert len(rows) == len(plan.units) == 3 and "buckets" not in "\n".join(lines)
+        for row, unit in zip(rows, plan.units):
+            k, nparams, size, reshard, prefetch, modules = row.split(maxsplit=5)
+            assert int(nparams) == len(unit.params) and prefetch == f"{unit.prefetch_forward}/{unit.prefetch_backward}"
+            assert size == format_size(sum(graph.params[n].nbytes for n in unit.params))
+            assert reshard == ("yes" if unit.reshard_after_forward else "kept")
+            assert modules == ("(the root module)" if unit.is_root else unit.modules[0])
 
 
 def test_the_pipelined_units_step_is_the_simulators_and_within_1_percent_of_the_bound():
