@@ -13,6 +13,7 @@ __all__ = [
     "CalibrationError",
     "PlanMismatchError",
     "SolverError",
+    "OverBudgetError",
     "UnusedParameterError",
     "CompileError",
     "UnsupportedOptimizerError",
@@ -59,6 +60,15 @@ class TraceError(SchedoptError, ValueError):
 
 class SolverError(SchedoptError):
     """A solver name is unknown, or a solver was given options it refuses."""
+
+
+class OverBudgetError(SolverError):
+    """A sharded solver found no plan within the memory budget; ``least_peak_bytes`` is the least peak
+    per rank it reached (its layout's, every unit resharded, nothing prefetched)."""
+
+    def __init__(self, message: str, least_peak_bytes: float) -> None:
+        super().__init__(message)
+        self.least_peak_bytes = least_peak_bytes
 
 
 class UnusedParameterError(SchedoptError, RuntimeError):

@@ -168,7 +168,7 @@ def compare(
     iteration (a tqdm bar in the CLI); ``on_plan`` sees every plan (to save it). In sharded mode a
     solver with no plan within the memory budget gets a row with ``error`` and null times.
     """
-    from .errors import SolverError
+    from .errors import OverBudgetError
     from .ranks import period
     from .solvers import get  # the core reaches solvers only through their public entry point
 
@@ -180,9 +180,7 @@ def compare(
     for name in progress(list(solvers)):
         try:
             plans[name] = runners[name](problem, time_limit_s=time_limit_s, seed=seed)
-        except SolverError as exc:
-            if problem.mode != "sharded" or problem.memory_budget_bytes is None:
-                raise
+        except OverBudgetError as exc:
             failed[name] = str(exc)
             continue
         if on_plan is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Sequence
 
-from schedopt.errors import SolverError
+from schedopt.errors import OverBudgetError, SolverError
 from schedopt.graph import TrainGraph
 from schedopt.orders import engine_order
 from schedopt.plan import Plan, SolverInfo
@@ -106,7 +106,7 @@ def _plan(problem: Problem, units: Sequence[Unit], name: str, **stats) -> Plan:
 
 
 def fit_budget(problem: Problem, units: Sequence[Unit], name: str, **stats) -> Plan:
-    """The plan of ``units``; over budget, the same units all resharded with no prefetch; else SolverError."""
+    """The plan of ``units``; over budget, the same units all resharded with no prefetch; else OverBudgetError."""
     plan = _plan(problem, units, name, **stats)
     budget = problem.memory_budget_bytes
     if budget is None:
@@ -120,8 +120,8 @@ def fit_budget(problem: Problem, units: Sequence[Unit], name: str, **stats) -> P
     least = peak_memory(problem.graph, lean_plan)[0]
     if least <= budget:
         return lean_plan
-    raise SolverError(f"{name}: its units peak at {format_size(least)} per rank at the least (every unit resharded, "
-                      f"no prefetch), over the memory budget of {format_size(budget)}")
+    raise OverBudgetError(f"{name}: its units peak at {format_size(least)} per rank at the least (every unit "
+                          f"resharded, no prefetch), over the memory budget of {format_size(budget)}", least)
 
 
 def _needs_modules(problem: Problem, name: str) -> None:

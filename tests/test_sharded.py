@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
-from schedopt.errors import InvalidPlanError, SolverError
+from schedopt.errors import InvalidPlanError, OverBudgetError, SolverError
 from schedopt.graph import Op, Param
 from schedopt.modules import ModuleTree
 from schedopt.plan import SolverInfo, validate
@@ -249,8 +249,9 @@ def test_every_sharded_solver_keeps_to_the_budget_or_says_the_least_it_reaches()
     for name in solvers_for("sharded"):
         try:
             plan = get(name)(tight, **({"time_limit_s": 1} if name == "cpsat" else {}))
-        except SolverError as exc:  # one line naming the least peak its layout reaches
-            assert f"{name}: its units peak at" in str(exc) and "at the least" in str(exc)
+        except OverBudgetError as exc:  # one line naming the least peak its layout reaches
+            assert f"{name}: its units peak at {format_size(exc.least_peak_bytes)}" in str(exc)
+            assert "at the least" in str(exc) and exc.least_peak_bytes > peak
             continue
         assert plan.predicted.peak_memory_bytes <= peak and plan.memory_budget_bytes == int(peak)
     cp = get("cpsat")(tight, time_limit_s=1)
@@ -429,6 +430,7 @@ def test_the_finest_units_reach_the_memory_floor_where_no_block_layout_fits():
         get("fsdp-per-block")(tight)
     plan = get("cpsat")(tight, time_limit_s=1)
     assert plan.predicted.peak_memory_bytes <= tight.memory_budget_bytes and len(plan.units) > 4
-    with pytest.raises(SolverError, match=r"finest units .* peak at 5\.6MiB") as below:
+    with pytest.raises(OverBudgetError, match=r"finest units .* peak at 5\.6MiB, and no plan can peak under "
+                                              r"5\.6MiB; the baselines' least: fsdp-root .*MiB") as below:
         get("cpsat")(replace(free, memory_budget_bytes=math.floor(floor) - 1), time_limit_s=1)
-    assert "\n" not in str(below.value)
+    assert "\n" not in str(below.value) and below.value.least_peak_bytes == floor

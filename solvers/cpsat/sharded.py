@@ -36,11 +36,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from schedopt.errors import SolverError
+from schedopt.errors import OverBudgetError, SolverError
 from schedopt.orders import engine_order
 from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
-from schedopt.shard_sim import peak_memory, sharded_lower_bound
+from schedopt.shard_sim import memory_floor, peak_memory, sharded_lower_bound
 from schedopt.sharding import ROOT, Geometry, Unit, UnitSpan, assign_params
 from schedopt.simulate import simulate
 from schedopt.units import format_size
@@ -429,24 +429,30 @@ def _keep_last_starts(problem: Problem, plan_of) -> list[Plan]:
 def _warm_starts(problem: Problem) -> list[Plan]:
     """Every start within the budget, fastest first: the fastest baseline (asynchronous where that is no
     slower), the greedy starts, and the two plans of the finest units (:mod:`..fine_units`: the
-    pipelined units and the least memory, simulated there); SolverError naming each baseline's least
-    peak and the finest units' where none fits."""
-    baselines, failures = [], []
+    pipelined units and the least memory, simulated there); OverBudgetError naming the finest units'
+    least peak, the memory floor and each baseline's least where none fits."""
+    baselines, leasts = [], {}
     for name in solvers_for("sharded"):
         if name == "cpsat":
             continue
         try:
             baselines.append(SOLVERS[name](problem))
-        except SolverError as exc:
-            failures.append(str(exc))
+        except OverBudgetError as exc:
+            leasts[name] = exc.least_peak_bytes
+        except SolverError:  # a layout this graph cannot have (no module tree): not a start
+            continue
     starts = [_asynchronous(problem, min(baselines, key=lambda p: p.predicted.iteration_s))] if baselines else []
     if problem.graph.modules is not None:
         starts += [s.with_prediction(simulate(problem, s).prediction()) for s in _greedy_starts(problem)]
     least, least_peak = least_memory_plan(problem)
     starts += [p for p in (pipelined_plan(problem), least) if p is not None]
     if not starts:
-        raise SolverError(f"cpsat: no sharded plan within the memory budget; {'; '.join(failures)}; its finest units "
-                          f"(a layer each, every one resharded, no prefetch) peak at {format_size(least_peak)}")
+        others = ", ".join(f"{name} {format_size(peak)}" for name, peak in leasts.items())
+        raise OverBudgetError(
+            f"cpsat: no sharded plan within the memory budget of {format_size(problem.memory_budget_bytes)} per "
+            f"rank: its finest units (a layer each, every one resharded, no prefetch) peak at "
+            f"{format_size(least_peak)}, and no plan can peak under {format_size(memory_floor(problem)[0])}"
+            + (f"; the baselines' least: {others}" if others else ""), least_peak)
     return sorted(starts, key=lambda p: p.predicted.iteration_s)  # stable: the baseline first among equals
 
 
