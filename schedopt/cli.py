@@ -509,7 +509,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     else:
         print(f"{graph.name}: {len(graph.ops)} ops, {len(graph.params)} params "
               f"({format_size(graph.total_param_bytes)}); {problem.cluster.describe()}; {problem.mode}")
-        print(format_table(rows, COLUMNS))
+        print(format_table(rows, COLUMNS, drop_empty=True))
         for row in rows:
             if row.get("error"):  # solvers' errors name them already
                 prefix = "" if row["error"].startswith(f"{row['solver']}:") else f"{row['solver']}: "
@@ -587,8 +587,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     elif args.format == "csv":
         sys.stdout.write(format_csv(rows, SWEEP_COLUMNS))
     else:
-        print(format_table(rows, ("world_size", "bandwidth_Bps", "solver", "iteration_s", "lower_bound_s",
-                                  "gap_to_lower_bound", "num_buckets", "speedup_vs_ddp")))
+        print(format_table(rows, ("world_size", "bandwidth_Bps", "solver", "iteration_s", "peak_memory_bytes",
+                                  "lower_bound_s", "gap_to_lower_bound", "num_buckets", "num_units", "speedup_vs_ddp"),
+                           drop_empty=True))
         for label, path in (("csv", out / "sweep.csv" if out else None), ("plot", plot)):
             if path:
                 print(f"{label:<5} {path}")

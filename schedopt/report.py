@@ -237,7 +237,8 @@ def sweep(
     return rows
 
 
-_HEADERS = {"bandwidth_Bps": "bandwidth", "perfect_overlap_s": "max(comp,comm)_ms", "headroom_share": "headroom"}
+_COUNTS = ("num_buckets", "num_units")
+_HEADERS = {"peak_memory_bytes": "peak_memory", "bandwidth_Bps": "bandwidth", "perfect_overlap_s": "max(comp,comm)_ms", "headroom_share": "headroom"}
 
 
 def _cell(value: Any, column: str) -> str:
@@ -260,8 +261,13 @@ def _cell(value: Any, column: str) -> str:
     return str(value)
 
 
-def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS) -> str:
-    """Return rows as an aligned text table; seconds are shown in milliseconds."""
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str] = COLUMNS, *, drop_empty: bool = False) -> str:
+    """Return rows as an aligned text table; seconds are shown in milliseconds. ``drop_empty``: leave out
+    the columns no row fills (null everywhere, or a count of buckets or units that is 0 everywhere: the
+    other modes' columns), as a person reads it; JSON and CSV keep every key."""
+    if drop_empty:
+        columns = [c for c in columns if any(row.get(c) not in (None, 0) if c in _COUNTS else row.get(c) is not None
+                                             for row in rows)] if rows else list(columns)
     header = [_HEADERS.get(c, c[:-2] + "_ms" if c.endswith("_s") else c) for c in columns]
     cells = [[_cell(row.get(c), c) for c in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]

@@ -89,6 +89,27 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     assert capsys.readouterr().out.splitlines()[0].startswith("solver,")
 
 
+def test_the_compare_and_sweep_tables_show_only_the_columns_the_mode_fills(graph_file, capsys):
+    """A person's table leaves out what no row has (sharded: buckets; other modes: units and memory);
+    JSON and CSV keep every key."""
+    def header(argv: list[str]) -> list[str]:
+        capsys.readouterr()
+        assert main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        return next(line for line in lines if line.startswith(("solver", "world_size"))).split()
+
+    common = ["--world-size", "8", "--network", "100gbe"]
+    shown = header(["compare", str(graph_file), "--solvers", "pytorch-ddp,horovod", *common])
+    assert {"num_buckets", "speedup_vs_ddp"} <= set(shown) and not {"num_units", "peak_memory", "period_ms"} & set(shown)
+    shown = header(["compare", str(graph_file), "--solvers", "fsdp-per-block", "--mode", "sharded", *common])
+    assert {"num_units", "peak_memory"} <= set(shown) and "num_buckets" not in shown
+    shown = header(["sweep", str(graph_file), "--solvers", "fsdp-root", "--mode", "sharded", "--bandwidths", "1Gbps",
+                    "--world-sizes", "8"])
+    assert {"num_units", "peak_memory"} <= set(shown) and "num_buckets" not in shown
+    assert main(["compare", str(graph_file), "--solvers", "pytorch-ddp", "--format", "csv", *common]) == 0
+    assert "num_units" in capsys.readouterr().out.splitlines()[0]
+
+
 def test_simulate_on_the_rank_model(tmp_path, graph_file, capsys):
     plan = tmp_path / "plan.json"
     assert main(["plan", str(graph_file), "--solver", "pytorch-ddp", "--world-size", "8", "-o", str(plan)]) == 0
