@@ -30,13 +30,17 @@ def main(argv: list[str]) -> int:
         problem = Problem(graph=graph, cluster=cluster, mode=plan.mode,
                           rank_model=RankModel.measured(graph, cluster.world_size))
         predicted = period(problem, plan)
-        rows.append((run["kind"], plan.solver.name, run["period_s"], predicted, len(run["step_s"])))
-    ddp_s = rows[0][2]
-    print(f"{'run':9s} {'plan':12s} {'measured':>10s} {'predicted':>10s} {'error':>7s} {'vs ddp':>7s}")
+        rows.append((run["kind"], plan.solver.name, run["period_s"], predicted, run["step_s"]))
+    ddp_s, ddp_predicted, ddp_steps = rows[0][2], rows[0][3], rows[0][4]
+    print(f"{'run':9s} {'plan':12s} {'measured':>10s} {'predicted':>10s} {'error':>7s} {'vs ddp':>7s} "
+          f"{'(predicted)':>11s}  steps (mean of {len(ddp_steps)}, from-to)")
     for kind, solver, measured, predicted, steps in rows:
         print(f"{kind:9s} {solver:12s} {measured * 1e3:8.1f}ms {predicted * 1e3:8.1f}ms "
-              f"{(predicted - measured) / measured:+7.1%} {ddp_s / measured:6.3f}x   (mean of {steps} steps)")
+              f"{(predicted - measured) / measured:+7.1%} {ddp_s / measured:6.3f}x {f'({ddp_predicted / predicted:.3f}x)':>11s}  "
+              f"{min(steps) * 1e3:.0f}-{max(steps) * 1e3:.0f} ms")
     print(f"{cluster.describe()}; measured on this machine, 2 gloo ranks on localhost")
+    print("one launch each, and launches on a shared host differ from one another: bench/testbed.py "
+          "interleaves rounds and compares medians")
     return 0
 
 
