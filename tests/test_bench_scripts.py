@@ -76,3 +76,30 @@ def test_the_gpu_check_dry_runs_on_gloo(tmp_path):
     assert all(c["rank_spread"] == 0.0 for c in result["checks"] if c["check"].startswith("wrap"))
     osp = next(c for c in result["checks"] if c["check"] == "wrap-osp")
     assert osp["max_param_diff"] > 0.0  # two ranks: stage 2 is not DDP's mathematics, and the check knows it
+
+
+def test_the_demo_summary_puts_each_run_beside_its_prediction_and_ddp(tmp_path):
+    """The end of ``make demo``: measured and predicted steps, and both ratios to DDP's run."""
+    from schedopt import Cluster, Problem
+    from schedopt.solvers import get
+    from schedopt.synthetic import transformer_like
+
+    graph, cluster = transformer_like(2), Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-4)
+    graph.save(tmp_path / "g.json")
+    cluster.save(tmp_path / "c.json")
+    args = [str(tmp_path / "g.json"), str(tmp_path / "c.json")]
+    for kind, solver, period in (("ddp", "pytorch-ddp", 0.2), ("schedopt", "horovod", 0.16)):
+        get(solver)(Problem(graph=graph, cluster=cluster)).save(tmp_path / f"{kind}.plan.json")
+        run = {"kind": kind, "period_s": period, "step_s": [period * 0.9, period, period * 1.1]}
+        (tmp_path / f"{kind}.run.json").write_text(json.dumps(run))
+        args.append(f"{tmp_path / kind}.plan.json:{tmp_path / kind}.run.json")
+    done = subprocess.run([sys.executable, str(BENCH.parent / "examples" / "demo_summary.py"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-1000:]
+    lines = done.stdout.splitlines()
+    ddp, ours = lines[1].split(), lines[2].split()
+    assert ddp[:3] == ["ddp", "pytorch-ddp", "200.0ms"] and ddp[5:7] == ["1.000x", "(1.000x)"]
+    assert ours[:3] == ["schedopt", "horovod", "160.0ms"] and ours[5] == "1.250x" and ours[-2:] == ["144-176", "ms"]
+    predicted = float(ours[6].strip("()x"))
+    assert predicted == pytest.approx(float(ddp[3].removesuffix("ms")) / float(ours[3].removesuffix("ms")), rel=2e-3)
+    assert "one launch each" in lines[-1]
