@@ -21,7 +21,11 @@ user's as before. For a plan (``schedopt plan --mode sharded``), before FSDP2's 
    do that and its default is kept;
 6. every unit's collectives are FSDP2's, wrapped in a recorder
    (:mod:`~schedopt.runtime.shard_record`): :func:`records` returns each step's collectives and
-   peak memory.
+   peak memory;
+7. as ``wrap`` does, rank 0 logs one warning when the steps run more than 25% off the plan's
+   prediction (:mod:`~schedopt.runtime.pace`). A step begins at each forward whose backward
+   reduce-scatters: gradients enabled and FSDP2's gradient sync on, so evaluation forwards and
+   accumulation micro-steps (``set_requires_gradient_sync(False)``) are not timed.
 
 With no plan (and no ``$SCHEDOPT_PLAN``), ``shard`` is FSDP2 as torchtitan lays it out: a unit per
 repeated block, the root for the rest, FSDP2's defaults otherwise, said in one log line.
@@ -38,7 +42,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from schedopt.errors import InvalidPlanError, MemoryBudgetError
 from schedopt.importers.pytorch import module_tree, trainable_parameters
@@ -47,6 +51,7 @@ from schedopt.sharding import ROOT, Unit, assign_params
 from schedopt.units import format_size
 
 from .agreement import check_agreement
+from .pace import PaceCheck
 from .replica import resolve_plan
 from .shard_record import ShardRecorder
 
@@ -102,6 +107,7 @@ def shard(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, 
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     if plan.async_unshard and device.type == "cpu":
         module._set_unshard_async_op(True)  # type: ignore[operator]
+    _pace(module, plan, group)
     return module
 
 
@@ -134,6 +140,19 @@ def _shared_params(module: nn.Module) -> set[str]:
         else:
             first[id(p)] = name
     return shared
+
+
+def _pace(module: nn.Module, plan: Plan, group: Any) -> None:
+    """Step 7: time the steps at the forwards whose backward reduce-scatters (module docstring)."""
+    pace = PaceCheck(plan.predicted.iteration_s if plan.predicted else None, report=dist.get_rank(group) == 0)
+    groups = [g for m in module.modules() if isinstance(m, FSDPModule)
+              for g in m._get_fsdp_state()._fsdp_param_groups]  # type: ignore[operator]
+
+    def begin(*_: Any) -> None:
+        if torch.is_grad_enabled() and (not groups or groups[0].reduce_grads):
+            pace.step()
+
+    module.register_forward_pre_hook(begin, prepend=True)
 
 
 def _check_units(plan: Plan, module: nn.Module) -> None:

@@ -149,6 +149,41 @@ def mixed_precision(rank: int, world: int, name: str, plan) -> dict[str, Any]:
             "params": total, "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None})}
 
 
+def paced(rank: int, world: int, name: str, plan, synced: int) -> list[list[str]]:
+    """The warnings ``schedopt.runtime`` logs on this rank, read after ``synced`` training steps, then
+    after one more; each synced step is followed by an accumulation micro-step and an evaluation
+    forward, which the pace check must not time."""
+    import logging
+
+    from schedopt.runtime import shard
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    keep = Keep()
+    logging.getLogger("schedopt.runtime").addHandler(keep)
+    model, example, loss_fn = build(name)
+    model = shard(model, plan)
+    x = batch(example, 7 + rank)
+    seen = []
+    for k in range(synced + 1):
+        model.set_requires_gradient_sync(False)
+        loss_fn(model(*x), *x).backward()
+        model.set_requires_gradient_sync(True)
+        loss_fn(model(*x), *x).backward()
+        with torch.no_grad():
+            model(*x)
+        if k >= synced - 1:
+            seen.append(list(keep.lines))
+    logging.getLogger("schedopt.runtime").removeHandler(keep)
+    return seen
+
+
 def refused(rank: int, world: int, name: str, plan, *, other_model_on: int | None = None) -> dict[str, Any]:
     """``shard`` (or the runtime ``plan[0]`` names, for ``plan = ("wrap", plan)``): the error's type and
     message, and how long it took to raise; rank ``other_model_on`` builds another model."""

@@ -132,6 +132,18 @@ def test_mixed_precision_passes_through_to_fsdp2():
         assert r["grad_dtypes"] == ["torch.float32"]
 
 
+def test_a_run_far_off_the_plans_prediction_warns_once_on_rank_0():
+    """As wrap's: after 3 warm-up steps and 5 timed ones, one warning naming schedopt calibrate; the
+    accumulation micro-steps and evaluation forwards between them are not steps."""
+    from schedopt.runtime.pace import MEASURED, WARMUP
+
+    plan = solved("tiny_gpt", "fsdp-per-block")
+    quick = replace(plan, predicted=replace(plan.predicted, iteration_s=1e-6))  # no step is that fast
+    rank0, rank1 = run_ranks(workers.paced, 2, "tiny_gpt", quick, WARMUP + MEASURED, timeout_s=90)
+    assert rank0[0] == [] and len(rank0[1]) == 1 and "schedopt calibrate" in rank0[1][0], rank0
+    assert rank1 == [[], []]
+
+
 def _refusals(plan, **kw) -> list[dict]:
     results = run_ranks(workers.refused, 2, "tiny_gpt", plan, timeout_s=60, **kw)
     assert len({(r["type"], r["message"]) for r in results}) == 1, results  # every rank, the same error
