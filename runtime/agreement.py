@@ -71,8 +71,10 @@ def describe_param_differences(expected: Sequence[ParamEntry], actual: Sequence[
     return "; ".join(parts) or "none"
 
 
-def check_agreement(plan: Plan, module: Any, process_group: Any = None) -> None:
-    """Check on every rank that all ranks hold ``plan`` and the model it was made for.
+def check_agreement(plan: Plan, module: Any, process_group: Any = None, *, note_world: bool = True) -> None:
+    """Check on every rank that all ranks hold ``plan`` and the model it was made for; with
+    ``note_world``, the group's first rank logs a warning when the group is not as large as the plan's
+    world.
 
     Raises:
         PlanMismatchError: on every rank alike, naming the ranks whose plan
@@ -106,6 +108,6 @@ def check_agreement(plan: Plan, module: Any, process_group: Any = None) -> None:
             f"the plan was made for model {plan.model.name!r}, but the model on rank {rank} differs from it: "
             f"{what}; replan for this model (schedopt plan)"
         )
-    if plan.cluster.world_size != world and dist.get_rank(process_group) == 0:
-        log.warning("plan %s was made for %d ranks and runs on %d: its buckets apply, its prediction does not",
-                    plan.solver.name, plan.cluster.world_size, world)
+    if note_world and plan.cluster.world_size != world and dist.get_rank(process_group) == 0:
+        log.warning("plan %s was made for %d ranks and runs on %d: its %s apply, its prediction does not",
+                    plan.solver.name, plan.cluster.world_size, world, "units" if plan.units else "buckets")

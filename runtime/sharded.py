@@ -34,6 +34,7 @@ repeated block, the root for the rest, FSDP2's defaults otherwise, said in one l
 from __future__ import annotations
 
 import logging
+import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ def shard(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, 
         module: the model, on its device, the same on every rank.
         plan: a sharded :class:`~schedopt.plan.Plan` or the path of one; with None, the plan
             ``$SCHEDOPT_PLAN`` names; with neither, FSDP2 per repeated block (torchtitan's layout).
-        mesh: FSDP2's device mesh (None: the world on the default device, as ``fully_shard``).
+        mesh: FSDP2's device mesh (None: the world on the default device, as ``fully_shard``); a
+            2-D mesh with named dimensions is HSDP, replicated over the first and sharded over the second.
         mp_policy: FSDP2's mixed-precision policy, passed to every ``fully_shard`` call.
 
     Raises:
@@ -98,16 +100,22 @@ def shard(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, 
     if plan.mode != "sharded":
         raise InvalidPlanError(f"shard applies sharded plans (FSDP2 units); this is a {plan.mode} plan of buckets: "
                                "apply it with schedopt.runtime.wrap")
-    group = mesh.get_group() if mesh is not None else None
-    check_agreement(plan, module, group)
+    groups = [mesh.get_group(d) for d in range(mesh.ndim)] if mesh is not None else [None]
+    leads = all(dist.get_rank(g) == 0 for g in groups)  # the mesh's first rank: it logs
+    for d, group in enumerate(groups):  # each rank agrees with its peers along every dimension: all agree
+        check_agreement(plan, module, group, note_world=leads and d == len(groups) - 1)
+    if len(groups) > 1 and leads:
+        log.warning("schedopt.runtime.shard: a %d-D mesh (HSDP): units sharded over %d ranks, replicated over %d; "
+                    "the plan's prediction counts no all-reduce across the replicas", len(groups),
+                    dist.get_world_size(groups[-1]), math.prod(dist.get_world_size(g) for g in groups[:-1]))
     _check_units(plan, module)
-    _check_budget(plan, module, dist.get_world_size(group))
+    _check_budget(plan, module, dist.get_world_size(groups[-1]))  # FSDP2 shards over the last dimension
     states = _apply(module, list(plan.units), kwargs)
     _prefetch(plan.units, states)
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     if plan.async_unshard and device.type == "cpu":
         module._set_unshard_async_op(True)  # type: ignore[operator]
-    _pace(module, plan, group)
+    _pace(module, plan, leads=leads)
     return module
 
 
@@ -142,9 +150,10 @@ def _shared_params(module: nn.Module) -> set[str]:
     return shared
 
 
-def _pace(module: nn.Module, plan: Plan, group: Any) -> None:
-    """Step 7: time the steps at the forwards whose backward reduce-scatters (module docstring)."""
-    pace = PaceCheck(plan.predicted.iteration_s if plan.predicted else None, report=dist.get_rank(group) == 0)
+def _pace(module: nn.Module, plan: Plan, *, leads: bool) -> None:
+    """Step 7: time the steps at the forwards whose backward reduce-scatters (module docstring); the
+    mesh's first rank (``leads``) reports."""
+    pace = PaceCheck(plan.predicted.iteration_s if plan.predicted else None, report=leads)
     groups = [g for m in module.modules() if isinstance(m, FSDPModule)
               for g in m._get_fsdp_state()._fsdp_param_groups]  # type: ignore[operator]
 
@@ -172,14 +181,14 @@ def _check_units(plan: Plan, module: nn.Module) -> None:
 
 
 def _check_budget(plan: Plan, module: nn.Module, world: int) -> None:
-    """The plan's predicted peak moved to this world size (the shards change, the unsharded units do not)."""
+    """The plan's predicted peak moved to ``world`` shards (the shards change, the unsharded units do not)."""
     budget, predicted = plan.memory_budget_bytes, plan.predicted
     if budget is None or predicted is None or predicted.peak_memory_bytes is None:
         return
     total = sum(p.numel() * p.element_size() for p in trainable_parameters(module).values())
     peak = predicted.peak_memory_bytes - total / plan.cluster.world_size + total / world
     if peak > budget:
-        raise MemoryBudgetError(f"on {world} ranks this plan holds {format_size(peak)} per rank at its peak, over "
+        raise MemoryBudgetError(f"sharded over {world} ranks this plan holds {format_size(peak)} per rank at its peak, over "
                                 f"its memory budget of {format_size(budget)} (planned for {plan.cluster.world_size} "
                                 "ranks); replan for this world size")
 

@@ -62,15 +62,20 @@ def _train(model: nn.Module, example: tuple, loss_fn: Any, rank: int, steps: ran
 
 
 def against_fsdp2_and_ddp(rank: int, world: int, name: str, plan, steps: int = 5, *,
-                          rebucketed_ddp: bool = False) -> dict[str, Any]:
+                          rebucketed_ddp: bool = False, mesh_shape: tuple[int, ...] | None = None) -> dict[str, Any]:
     """The plan through ``shard``, FSDP2 per block (``shard`` with no plan) and DDP, trained side by
     side with AdamW (two groups) and StepLR: the worst differences of parameters and optimizer state.
     With ``rebucketed_ddp``, also DDP with 10 KB buckets against DDP: how far torch's own DDP moves
-    when only where each gradient sits in the collectives changes."""
+    when only where each gradient sits in the collectives changes. With ``mesh_shape``, both sharded
+    models on that device mesh (two dimensions: HSDP, replicated over the first)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     from schedopt.runtime import records, shard
 
     base, example, loss_fn = build(name)
-    models = {"plan": shard(copy.deepcopy(base), plan), "per_block": shard(copy.deepcopy(base), None),
+    names = ("replicate", "shard")[-len(mesh_shape):] if mesh_shape else None
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names) if mesh_shape else None
+    models = {"plan": shard(copy.deepcopy(base), plan, mesh=mesh), "per_block": shard(copy.deepcopy(base), None, mesh=mesh),
               "ddp": nn.parallel.DistributedDataParallel(copy.deepcopy(base))}
     if rebucketed_ddp:
         models["ddp_rebucketed"] = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=0.01)
@@ -184,18 +189,23 @@ def paced(rank: int, world: int, name: str, plan, synced: int) -> list[list[str]
     return seen
 
 
-def refused(rank: int, world: int, name: str, plan, *, other_model_on: int | None = None) -> dict[str, Any]:
+def refused(rank: int, world: int, name: str, plan, *, other_model_on: int | None = None,
+            hsdp: bool = False) -> dict[str, Any]:
     """``shard`` (or the runtime ``plan[0]`` names, for ``plan = ("wrap", plan)``): the error's type and
-    message, and how long it took to raise; rank ``other_model_on`` builds another model."""
+    message, and how long it took to raise; rank ``other_model_on`` builds another model. ``hsdp``: on a
+    mesh that replicates over every rank and shards over none."""
+    from torch.distributed.device_mesh import init_device_mesh
+
     from schedopt.runtime import shard, wrap
 
     model = build("tiny_bert" if rank == other_model_on else name)[0]
     apply = shard
     if isinstance(plan, tuple):
         apply, plan = {"wrap": wrap, "shard": shard}[plan[0]], plan[1]
+    mesh = {"mesh": init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))} if hsdp else {}
     started = time.perf_counter()
     try:
-        apply(model, plan)
+        apply(model, plan, **mesh)
     except Exception as exc:  # noqa: BLE001 - the test reads the type and the text
         return {"type": type(exc).__name__, "message": str(exc), "s": time.perf_counter() - started}
     finally:

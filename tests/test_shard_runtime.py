@@ -100,6 +100,16 @@ def test_on_3_ranks_within_1e_6_of_fsdp2_and_as_close_to_ddp_as_ddp_to_itself():
         assert r["params_vs_ddp_norm"] <= 3 * r["rebucketed_vs_ddp_norm"], (r["params_vs_ddp_norm"], r["rebucketed_vs_ddp_norm"])
 
 
+@pytest.mark.parametrize("mesh_shape", [(2, 1), (1, 2)])
+def test_a_two_dimensional_mesh_is_hsdp_and_equals_torchs_own_bit_for_bit(mesh_shape):
+    """``mesh=`` takes FSDP2's 2-D mesh (HSDP: replicated over the first dimension, sharded over the
+    second) as ``fully_shard`` does; the ranks agree along both dimensions."""
+    name, plan = CASES["tiny_gpt units of several modules"](2)
+    for r in run_ranks(workers.against_fsdp2_and_ddp, 2, name, plan, 3, mesh_shape=mesh_shape, timeout_s=150):
+        assert r["plan_vs_per_block"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_per_block"]
+        assert r["plan_vs_ddp"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_ddp"]
+
+
 def test_what_ran_is_recorded_per_step():
     """Each step: the plan's all-gathers (one per unit, one more per resharded unit) and one
     reduce-scatter per unit, each issued before it ends; the peak memory the simulator predicts, within
@@ -156,8 +166,10 @@ def test_a_plan_for_another_model_fails_on_every_rank():
     assert r["type"] == "PlanMismatchError" and "tied_frozen_norm" in r["message"]
 
 
-def test_a_rank_with_another_model_fails_on_every_rank():
-    r = _refusals(solved("tiny_gpt", "fsdp-per-block"), other_model_on=1)[0]
+@pytest.mark.parametrize("hsdp", [False, True])
+def test_a_rank_with_another_model_fails_on_every_rank(hsdp):
+    """On an HSDP mesh too, where the ranks that differ share no shard group, only a replica group."""
+    r = _refusals(solved("tiny_gpt", "fsdp-per-block"), other_model_on=1, hsdp=hsdp)[0]
     assert r["type"] == "PlanMismatchError"
 
 
@@ -174,7 +186,7 @@ def test_a_budget_the_live_run_exceeds_fails_on_every_rank():
     plan = get("fsdp-per-block")(problem_of("tiny_gpt", 8))
     plan = replace(plan, memory_budget_bytes=int(plan.predicted.peak_memory_bytes))
     r = _refusals(plan)[0]
-    assert r["type"] == "MemoryBudgetError" and "on 2 ranks" in r["message"] and "8 ranks" in r["message"]
+    assert r["type"] == "MemoryBudgetError" and "sharded over 2 ranks" in r["message"] and "8 ranks" in r["message"]
 
 
 def test_shard_refuses_a_bucketed_plan_and_wrap_a_sharded_one():
