@@ -71,8 +71,14 @@ class ShardedOptions:
     grad_window: int = 3
     #: ticks of the model's horizon (the warm start's step)
     horizon_ticks: int = 4000
+    #: also start from units finer than a block (a block's own layers: the pipelined and least-memory
+    #: plans). False keeps every unit whole modules of the block level, for a model that changes a
+    #: layer's output in place (FSDP2 warns that a unit returning a view loses its pre-backward hook then)
+    fine_units: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fine_units, bool):
+            raise SolverError(f"cpsat's sharded fine_units must be true or false, got {self.fine_units!r}")
         least = {"num_workers": 1, "max_atoms": 1, "window": 0, "grad_window": 0, "horizon_ticks": 100}
         for name, low in least.items():
             value = getattr(self, name)
@@ -426,11 +432,11 @@ def _keep_last_starts(problem: Problem, plan_of) -> list[Plan]:
     return out
 
 
-def _warm_starts(problem: Problem) -> list[Plan]:
+def _warm_starts(problem: Problem, fine_units: bool = True) -> list[Plan]:
     """Every start within the budget, fastest first: the fastest baseline (asynchronous where that is no
-    slower), the greedy starts, and the two plans of the finest units (:mod:`..fine_units`: the
-    pipelined units and the least memory, simulated there); OverBudgetError naming the finest units'
-    least peak, the memory floor and each baseline's least where none fits."""
+    slower), the greedy starts, and with ``fine_units`` the two plans of the finest units
+    (:mod:`..fine_units`: the pipelined units and the least memory, simulated there); OverBudgetError
+    naming the finest units' least peak, the memory floor and each baseline's least where none fits."""
     baselines, leasts = [], {}
     for name in solvers_for("sharded"):
         if name == "cpsat":
@@ -444,14 +450,15 @@ def _warm_starts(problem: Problem) -> list[Plan]:
     starts = [_asynchronous(problem, min(baselines, key=lambda p: p.predicted.iteration_s))] if baselines else []
     if problem.graph.modules is not None:
         starts += [s.with_prediction(simulate(problem, s).prediction()) for s in _greedy_starts(problem)]
-    least, least_peak = least_memory_plan(problem)
-    starts += [p for p in (pipelined_plan(problem), least) if p is not None]
+    least, least_peak = least_memory_plan(problem) if fine_units else (None, min(leasts.values(), default=0.0))
+    starts += [p for p in (pipelined_plan(problem) if fine_units else None, least) if p is not None]
     if not starts:
         others = ", ".join(f"{name} {format_size(peak)}" for name, peak in leasts.items())
+        finest = (f"its finest units (a layer each, every one resharded, no prefetch) peak at {format_size(least_peak)}"
+                  if fine_units else "with units of whole blocks (fine_units false)")
         raise OverBudgetError(
             f"cpsat: no sharded plan within the memory budget of {format_size(problem.memory_budget_bytes)} per "
-            f"rank: its finest units (a layer each, every one resharded, no prefetch) peak at "
-            f"{format_size(least_peak)}, and no plan can peak under {format_size(memory_floor(problem)[0])}"
+            f"rank: {finest}, and no plan can peak under {format_size(memory_floor(problem)[0])}"
             + (f"; the baselines' least: {others}" if others else ""), least_peak)
     return sorted(starts, key=lambda p: p.predicted.iteration_s)  # stable: the baseline first among equals
 
@@ -474,7 +481,7 @@ def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
     from ortools.sat.python import cp_model
 
     started = time.perf_counter()
-    starts = _warm_starts(problem)
+    starts = _warm_starts(problem, options.fine_units)
     best = starts[0]
     bound = sharded_lower_bound(problem)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
