@@ -252,9 +252,11 @@ class AllReduceLoad:
 
 
 def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", force: bool = False,
-                            model: tuple[str, Callable[[], Any]] | None = None, **sweep: Any) -> Calibration:
+                            model: tuple[str, Callable[[], Any]] | None = None, interference_samples: int | None = None,
+                            **sweep: Any) -> Calibration:
     """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``; ``model``: its name
-    and one forward and backward of it, the compute whose interference step 4 measures.
+    and one forward and backward of it, the compute whose interference step 4 measures, in
+    ``interference_samples`` samples (default 9 with a model, 15 with the matmul; each takes 0.6 s or more).
 
     Raises:
         SchedoptError: one rank, or fewer than two sizes measured within the time limit.
@@ -276,7 +278,7 @@ def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring
     times = [m.median_s for m in measurements]
     quality = fit_quality(cluster, sizes, times)
     interference = measure_interference(cluster, process_group=process_group, work=model[1] if model else None,
-                                        num_samples=9 if model else 15)
+                                        num_samples=interference_samples or (9 if model else 15))
     backend = str(dist.get_backend(process_group))
     shard_costs = {}
     for kind in ("all-gather", "reduce-scatter"):  # step 5

@@ -230,7 +230,8 @@ def calibrate_small(rank: int, world: int) -> dict[str, Any]:
     (``force``) where a real link's would be refused (tests/test_calibrate_fit.py)."""
     from schedopt.runtime.calibrate import calibrate_process_group
 
-    result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20, force=True)
+    result = calibrate_process_group(min_bytes=4 << 10, max_bytes=4 << 20, time_limit_s=20, force=True,
+                                     interference_samples=3)  # the samples with a model: the next test's
     return {"cluster": result.cluster, "quality": result.quality,
             "sizes": [m.nbytes for m in result.measurements], "json": result.to_json()}
 

@@ -37,7 +37,7 @@ def test_osp_accuracy_writes_each_tasks_figure_per_mode_and_overlap_equals_ddp(t
     out, png = tmp_path / "acc.json", tmp_path / "acc.png"
     done = subprocess.run([sys.executable, str(BENCH / "osp_accuracy.py"), "--epochs", "1", "--text-steps", "4",
                            "--eval-every", "2", "--text-mib", "0.25", "--seq-len", "32", "--text-batch", "2",
-                           "--batch-size", "32", "--json", str(out), "--png", str(png)],
+                           "--batch-size", "128", "--json", str(out), "--png", str(png)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
