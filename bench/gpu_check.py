@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 ROOT = Path(__file__).resolve().parent.parent
+MODELS_FILE = ROOT / "examples" / "models.py"  # the example models, wherever the script runs from
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "bench"))
 MODELS = ("tiny_gpt", "tiny_resnet")
@@ -121,7 +122,7 @@ def check_profile(name: str, device: torch.device) -> dict:
     from train import load
 
     torch.manual_seed(SEED)
-    model, example, loss_fn = load(f"examples/models.py:{name}", None)
+    model, example, loss_fn = load(f"{MODELS_FILE}:{name}", None)
     started = time.perf_counter()
     graph, report = profile_torch(model.to(device), tuple(x.to(device) for x in example), loss_fn=loss_fn,
                                   name=name, iterations=5)
@@ -136,7 +137,7 @@ def on_device(name: str, device: torch.device, *, batches: int, seed: int) -> tu
     from train import batch, load
 
     torch.manual_seed(SEED)
-    model, example, loss_fn = load(f"examples/models.py:{name}", None)
+    model, example, loss_fn = load(f"{MODELS_FILE}:{name}", None)
     model.to(device)
     example = tuple(x.to(device) for x in example)
     generator = torch.Generator().manual_seed(SEED + seed + 1000 * dist.get_rank())  # each rank its own batches
@@ -284,7 +285,7 @@ def check_recorder(name: str, device: torch.device) -> dict:
     from train import load
 
     torch.manual_seed(SEED)
-    model, _, _ = load(f"examples/models.py:{name}", None)
+    model, _, _ = load(f"{MODELS_FILE}:{name}", None)
     rec = records(shard(model.to(device)))
     gather, scatter = rec.comms(0)
     world, rank = dist.get_world_size(), dist.get_rank()
