@@ -454,8 +454,9 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     whatif = None
     if args.model:  # the traced DDP step predicted, and what the best plans would gain
         from .trace_costs import trace_costs
-        from .whatif import what_plans_gain
+        from .whatif import check_replicated, what_plans_gain
 
+        check_replicated(report)  # before the graph's import and the op matching
         costs = trace_costs(_graph(args), traces[0].path)
         cluster = Cluster.load(args.cluster) if args.cluster else None
         whatif = what_plans_gain(report, costs.graph, cluster, time_limit_s=args.time_limit or 10.0,

@@ -6,7 +6,9 @@ all-reduces (their bytes and how long each ran, :func:`schedopt.cluster.calibrat
 (``pytorch-ddp``) is simulated beside the measured step (the slowest rank's mean step: a period, as
 every run in this project is measured, and what the rank model's mean period predicts), and every
 solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step per mode, its
-solver, and its speedup over the predicted DDP step.
+solver, and its speedup over the predicted DDP step. Traces of a sharded run (all-gathers,
+reduce-scatters: FSDP) are refused in one line; their op times still plan a sharded run
+(``schedopt import --trace``).
 
 Every figure is the rank model's (:mod:`schedopt.ranks`): the trace's ranks, their op times varying as
 the traces say. Each rank's own speed: its mean compute per step over the reference rank's (the one
@@ -33,7 +35,7 @@ from .graph import TrainGraph
 from .problem import Problem
 from .ranks import RankModel, simulate_ranks
 
-__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model"]
+__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated"]
 
 MODES = ("barrier", "overlap", "osp")
 
@@ -61,6 +63,17 @@ class WhatIf:
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
                   for mode, (solver, t) in self.best.items()]
         return "\n".join(lines)
+
+
+def check_replicated(report: Diagnosis) -> None:
+    """Raise SchedoptError, naming them, where the traces hold collectives only sharded runs issue
+    (all-gathers, reduce-scatters: gloo's ``gloo:all_gather``, NCCL's ``ncclDevKernel_AllGather_...``)."""
+    kinds = {c.name for s in report.steps for c in s.collectives
+             if any(k in c.name.lower().replace("_", "") for k in ("allgather", "reducescatter"))}
+    if kinds:
+        raise SchedoptError(f"the traces are of a sharded run ({', '.join(sorted(kinds)[:3])}: FSDP); the what-if "
+                            "predicts replicated (DDP) runs only: plan the sharded run from the traced op times "
+                            "instead (schedopt import --trace, then schedopt plan --mode sharded)")
 
 
 def cluster_from_trace(report: Diagnosis) -> Cluster:
@@ -111,6 +124,7 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
     """See the module docstring; ``graph``'s op times are ``reference_rank``'s."""
     from .solvers import get, solvers_for
 
+    check_replicated(report)
     cluster = cluster or cluster_from_trace(report)
     ranks = rank_model(report, graph, reference_rank=reference_rank, seed=seed)
     measured = max(statistics.fmean(steps) for steps in _per_rank(report, "step_s").values())

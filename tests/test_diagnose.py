@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from schedopt import Cluster, Problem, simulate
 from schedopt.cli import main
 from schedopt.diagnose import diagnose
-from schedopt.errors import TraceError
+from schedopt.errors import SchedoptError, TraceError
 from schedopt.intervals import covered, covered_union, length, uncovered, union
 from schedopt.importers import from_torch
 from schedopt.kineto import load_traces
 from schedopt.solvers import get
+from schedopt.synthetic import transformer_like
 from schedopt.trace_costs import trace_costs
 from schedopt.whatif import what_plans_gain
 
@@ -102,6 +103,29 @@ def test_the_json_names_the_checks_read(tmp_path, capsys):
     assert {"rank", "step", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_share"} <= set(row)
     assert {"issue_s", "start_s", "end_s", "bytes", "hidden_s", "exposed_s", "reasons"} <= set(row["collectives"][0])
     assert "exposed collectives" in capsys.readouterr().out
+
+
+def test_what_plans_gain_refuses_the_traces_of_a_sharded_run_in_one_line(tmp_path, capsys):
+    """An FSDP run's all-gathers and reduce-scatters: the diagnosis reads them, the what-if (which
+    predicts DDP runs) says it cannot, naming the kinds, instead of calling the step DDP's."""
+    for rank in (0, 1):
+        trace = cuda_trace(rank)
+        for e in trace["traceEvents"]:  # the first NCCL kernel an all-gather, the second a reduce-scatter
+            if e["name"].startswith("ncclDevKernel"):
+                e["name"] = "ncclDevKernel_AllGather_f32_RING_LL" if e["ts"] < 5000 else \
+                    "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(trace))
+    report = diagnose(load_traces([str(tmp_path)]))
+    names = {c.name for s in report.steps for c in s.collectives}
+    assert names == {"ncclDevKernel_AllGather_f32_RING_LL", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"}
+    with pytest.raises(SchedoptError, match="sharded run"):  # the API says it too
+        what_plans_gain(report, transformer_like(2))
+    assert main(["diagnose", str(tmp_path)]) == 0  # the diagnosis itself holds for any run
+    capsys.readouterr()
+    assert main(["diagnose", str(tmp_path), "--model", "examples/models.py:tiny_gpt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sharded run (ncclDevKernel_AllGather_f32_RING_LL, ncclDevKernel_ReduceScatter" in err[0]
+    assert "plan --mode sharded" in err[0]
 
 
 @pytest.mark.parametrize("content, expected", [
