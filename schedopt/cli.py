@@ -452,15 +452,20 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     report = diagnose(traces)
     data = report.to_json()
     whatif = None
-    if args.model:  # the traced DDP step predicted, and what the best plans would gain
+    if args.model:  # the traced step predicted, and what the best plans would gain
+        from .diagnose import sharded_collectives
         from .trace_costs import trace_costs
-        from .whatif import check_replicated, what_plans_gain
+        from .whatif import what_plans_gain
+        from .whatif_sharded import check_inputs, what_sharded_plans_gain
 
-        check_replicated(report)  # before the graph's import and the op matching
-        costs = trace_costs(_graph(args), traces[0].path)
         cluster = Cluster.load(args.cluster) if args.cluster else None
-        whatif = what_plans_gain(report, costs.graph, cluster, time_limit_s=args.time_limit or 10.0,
-                                 reference_rank=traces[0].rank or 0)
+        sharded = bool(sharded_collectives(report))
+        if sharded:
+            check_inputs(report, cluster)  # before the graph's import and the op matching
+        costs = trace_costs(_graph(args), traces[0].path)
+        limit = args.time_limit or 10.0
+        whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit) if sharded else \
+            what_plans_gain(report, costs.graph, cluster, time_limit_s=limit, reference_rank=traces[0].rank or 0)
         data["what_if"] = {**whatif.to_json(), "trace_costs": costs.describe()}
     if args.json:
         write_json_atomic(args.json, data)

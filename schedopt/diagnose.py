@@ -29,7 +29,7 @@ from .intervals import clip, covered, covered_union, length, uncovered, union
 from .kineto import Collective, RankTrace
 
 __all__ = ["DIAGNOSIS_SCHEMA", "HOST_BOUND_SHARE", "CollectiveRow", "StepRow", "Diagnosis", "diagnose", "format_report",
-           "plot_step"]
+           "plot_step", "sharded_collectives"]
 
 DIAGNOSIS_SCHEMA = "schedopt.diagnosis/1"
 #: exposure below this (s) is noise, not a finding
@@ -91,6 +91,14 @@ class Diagnosis:
                   for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "limit_s")} if self.steps else {}
         return {"schema": DIAGNOSIS_SCHEMA, "device": self.device, "world_size": self.world_size,
                 "files": self.files, "median": median, "steps": [s.to_json() for s in self.steps]}
+
+
+def sharded_collectives(report: Diagnosis) -> list[str]:
+    """The names of the traced collectives that only sharded runs (FSDP) issue: all-gathers and
+    reduce-scatters (gloo's ``gloo:all_gather``, NCCL's ``ncclDevKernel_AllGather_...``); none for a
+    replicated run."""
+    return sorted({c.name for s in report.steps for c in s.collectives
+                   if any(k in c.name.lower().replace("_", "") for k in ("allgather", "reducescatter"))})
 
 
 def _reasons(c: Collective, compute: list[tuple[float, float]], spans: list, window: tuple[float, float]) -> list[str]:

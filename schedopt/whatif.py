@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cluster import Cluster, calibrate
-from .diagnose import Diagnosis
+from .diagnose import Diagnosis, sharded_collectives
 from .errors import SchedoptError, SolverError
 from .graph import TrainGraph
 from .problem import Problem
 from .ranks import RankModel, simulate_ranks
 
-__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated"]
+__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated", "measured_step_s"]
 
 MODES = ("barrier", "overlap", "osp")
 
@@ -67,13 +67,11 @@ class WhatIf:
 
 def check_replicated(report: Diagnosis) -> None:
     """Raise SchedoptError, naming them, where the traces hold collectives only sharded runs issue
-    (all-gathers, reduce-scatters: gloo's ``gloo:all_gather``, NCCL's ``ncclDevKernel_AllGather_...``)."""
-    kinds = {c.name for s in report.steps for c in s.collectives
-             if any(k in c.name.lower().replace("_", "") for k in ("allgather", "reducescatter"))}
+    (:func:`~schedopt.diagnose.sharded_collectives`): :mod:`schedopt.whatif_sharded` is their what-if."""
+    kinds = sharded_collectives(report)
     if kinds:
-        raise SchedoptError(f"the traces are of a sharded run ({', '.join(sorted(kinds)[:3])}: FSDP); the what-if "
-                            "predicts replicated (DDP) runs only: plan the sharded run from the traced op times "
-                            "instead (schedopt import --trace, then schedopt plan --mode sharded)")
+        raise SchedoptError(f"the traces are of a sharded run ({', '.join(kinds[:3])}: FSDP); this what-if predicts "
+                            "replicated (DDP) runs: use schedopt.whatif_sharded.what_sharded_plans_gain")
 
 
 def cluster_from_trace(report: Diagnosis) -> Cluster:
@@ -87,6 +85,11 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
         b, t = points[0][0], statistics.median(t for _, t in points)
         return Cluster(world_size=n, bandwidth_Bps=2 * (n - 1) / n * b / t, name="fitted to the trace (one size)")
     return calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
+
+
+def measured_step_s(report: Diagnosis) -> float:
+    """The slowest rank's mean traced step: a period, as every run here is measured."""
+    return max(statistics.fmean(steps) for steps in _per_rank(report, "step_s").values())
 
 
 def _per_rank(report: Diagnosis, field: str) -> dict[int, list[float]]:
@@ -127,7 +130,7 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
     check_replicated(report)
     cluster = cluster or cluster_from_trace(report)
     ranks = rank_model(report, graph, reference_rank=reference_rank, seed=seed)
-    measured = max(statistics.fmean(steps) for steps in _per_rank(report, "step_s").values())
+    measured = measured_step_s(report)
     barrier = Problem(graph=graph, cluster=cluster, mode="barrier")
     ddp = simulate_ranks(barrier, get("pytorch-ddp")(barrier, seed=seed), ranks).period
     best: dict[str, tuple[str, float]] = {}

@@ -59,7 +59,8 @@ SLOW_TESTS = {
     "test_osp": {"test_every_solver_plans_osp", "test_max_stale_fraction_zero_gives_the_overlap_plan_and_timeline"},
     "test_overlap_search": {"test_cpsat_warm_starts_are_the_same_searched_in_parallel_processes"},
     "test_simulate_random": {"*"},
-    "test_diagnose": {"test_a_real_cpu_trace_of_two_gloo_ranks", "test_overlap_share_and_exposed_time_equal_a_brute_force_count"},
+    "test_diagnose": {"test_a_real_cpu_trace_of_two_gloo_ranks", "test_a_real_fsdp2_trace_of_two_gloo_ranks",
+                      "test_overlap_share_and_exposed_time_equal_a_brute_force_count"},
     "test_solvers": {"test_every_solver_returns_a_valid_plan_with_a_prediction"},
 }
 

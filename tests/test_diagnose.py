@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from schedopt import Cluster, Problem, simulate
 from schedopt.cli import main
-from schedopt.diagnose import diagnose
+from schedopt.diagnose import diagnose, sharded_collectives
 from schedopt.errors import SchedoptError, TraceError
 from schedopt.intervals import covered, covered_union, length, uncovered, union
 from schedopt.importers import from_torch
@@ -26,6 +26,7 @@ from schedopt.solvers import get
 from schedopt.synthetic import transformer_like
 from schedopt.trace_costs import trace_costs
 from schedopt.whatif import what_plans_gain
+from schedopt.whatif_sharded import what_sharded_plans_gain
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,27 +106,45 @@ def test_the_json_names_the_checks_read(tmp_path, capsys):
     assert "exposed collectives" in capsys.readouterr().out
 
 
-def test_what_plans_gain_refuses_the_traces_of_a_sharded_run_in_one_line(tmp_path, capsys):
-    """An FSDP run's all-gathers and reduce-scatters: the diagnosis reads them, the what-if (which
-    predicts DDP runs) says it cannot, naming the kinds, instead of calling the step DDP's."""
+def _sharded_cuda_traces(directory: Path) -> None:
+    """:func:`cuda_trace` as an FSDP run's: its first NCCL kernel an all-gather, the second a reduce-scatter."""
     for rank in (0, 1):
         trace = cuda_trace(rank)
-        for e in trace["traceEvents"]:  # the first NCCL kernel an all-gather, the second a reduce-scatter
+        for e in trace["traceEvents"]:
             if e["name"].startswith("ncclDevKernel"):
                 e["name"] = "ncclDevKernel_AllGather_f32_RING_LL" if e["ts"] < 5000 else \
                     "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"
-        (tmp_path / f"rank{rank}.json").write_text(json.dumps(trace))
+        (directory / f"rank{rank}.json").write_text(json.dumps(trace))
+
+
+def test_a_sharded_runs_what_if_is_fsdp2_per_block_and_the_plans_within_its_peak(tmp_path, capsys):
+    """An FSDP run's all-gathers and reduce-scatters: the replicated what-if refuses them; the sharded
+    one predicts the run as FSDP2 per block on the given cluster (at the trace's world size, on its
+    device's backend) and plans within that layout's peak; without a cluster, one line."""
+    _sharded_cuda_traces(tmp_path)
     report = diagnose(load_traces([str(tmp_path)]))
-    names = {c.name for s in report.steps for c in s.collectives}
-    assert names == {"ncclDevKernel_AllGather_f32_RING_LL", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"}
-    with pytest.raises(SchedoptError, match="sharded run"):  # the API says it too
-        what_plans_gain(report, transformer_like(2))
+    assert sharded_collectives(report) == ["ncclDevKernel_AllGather_f32_RING_LL",
+                                           "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"]
+    graph = transformer_like(2)
+    with pytest.raises(SchedoptError, match="sharded run .*what_sharded_plans_gain"):
+        what_plans_gain(report, graph)
+    cluster = Cluster(world_size=8, bandwidth_Bps=1e9, latency_s=1e-5, backend="gloo")
+    result = what_sharded_plans_gain(report, graph, cluster, time_limit_s=1)
+    assert (result.cluster.world_size, result.cluster.backend) == (2, "nccl")
+    assert result.measured_s == pytest.approx(0.010) and result.traced_gathers == 1.0
+    problem = Problem(graph=graph, cluster=result.cluster, mode="sharded")
+    layout = get("fsdp-per-block")(problem)
+    assert result.predicted_s == layout.predicted.iteration_s and result.peak_bytes == layout.predicted.peak_memory_bytes
+    assert result.layout_gathers == len(layout.units) + sum(u.reshard_after_forward for u in layout.units)
+    times = [t for t, _ in result.best.values()]
+    assert times == sorted(times) and result.best["cpsat"][0] <= result.predicted_s
+    assert all(peak <= result.peak_bytes for _, peak in result.best.values())
+    assert "fsdp-root" not in result.best  # its one unit holds more than per block's peak
     assert main(["diagnose", str(tmp_path)]) == 0  # the diagnosis itself holds for any run
     capsys.readouterr()
     assert main(["diagnose", str(tmp_path), "--model", "examples/models.py:tiny_gpt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sharded run (ncclDevKernel_AllGather_f32_RING_LL, ncclDevKernel_ReduceScatter" in err[0]
-    assert "plan --mode sharded" in err[0]
+    assert len(err) == 1 and "needs the collectives' costs: give --cluster" in err[0]
 
 
 @pytest.mark.parametrize("content, expected", [
@@ -195,7 +214,31 @@ def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     assert all(t <= whatif.predicted_ddp_s * 1.001 for _, t in whatif.best.values())
 
 
-def _profiled_run(out: Path) -> subprocess.CompletedProcess:
+def test_a_real_fsdp2_trace_of_two_gloo_ranks(tmp_path, capsys):
+    """examples/train.py --fsdp --profile: FSDP2 per block on gloo. Each step's all-gathers are the
+    ones that layout issues, and diagnose --model with a cluster predicts the run as that layout."""
+    traces = tmp_path / "traces"
+    run = _profiled_run(traces, "--fsdp")
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = diagnose(load_traces([str(traces)]))
+    assert "gloo:all_gather" in sharded_collectives(report)
+    model, inputs, loss_fn = _factory("tiny_gpt")
+    cluster = Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-4, backend="gloo")
+    layout = get("fsdp-per-block")(Problem(graph=from_torch(model, inputs, loss_fn=loss_fn), cluster=cluster,
+                                           mode="sharded"))
+    gathers = len(layout.units) + sum(u.reshard_after_forward for u in layout.units)
+    assert all(sum(c.name == "gloo:all_gather" for c in s.collectives) == gathers for s in report.steps)
+    cluster.save(tmp_path / "cluster.json")
+    capsys.readouterr()
+    assert main(["diagnose", str(traces), "--model", "examples/models.py:tiny_gpt", "--cluster",
+                 str(tmp_path / "cluster.json"), "--time-limit", "1", "--json", str(tmp_path / "d.json")]) == 0
+    assert "predicted as FSDP2 per block" in capsys.readouterr().out
+    whatif = json.loads((tmp_path / "d.json").read_text())["what_if"]
+    assert whatif["layout"] == "fsdp-per-block" and whatif["traced_all_gathers_per_step"] == gathers
+    assert whatif["best"]["cpsat"]["predicted_s"] <= whatif["predicted_s"]
+
+
+def _profiled_run(out: Path, runtime: str = "--ddp") -> subprocess.CompletedProcess:
     """examples/train.py --profile on 2 torchrun ranks; a launch that hangs is retried once.
 
     Three profiled launches hung at exit under load before examples/train.py kept what it built from
@@ -205,7 +248,7 @@ def _profiled_run(out: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                                             "MASTER_PORT")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "train.py"), "tiny_gpt", "--ddp", "--steps", "4", "--warmup", "1",
+           str(ROOT / "examples" / "train.py"), "tiny_gpt", runtime, "--steps", "4", "--warmup", "1",
            "--threads", "1", "--quiet", "--profile", str(out), "--profile-sizes"]
     hung = []
     for _ in range(2):

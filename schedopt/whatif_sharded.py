@@ -1,0 +1,109 @@
+"""What a sharded plan would gain on a traced FSDP run: the traced step beside FSDP2 per block, and the
+best plan within the same memory.
+
+The traces say when each all-gather and reduce-scatter ran, but not reliably how many bytes of which
+unit it moved (an all-gather's recorded size is the shard on one backend, the whole unit on another),
+so the collectives' costs come from a calibrated cluster (``schedopt calibrate`` measures FSDP2's own
+all-gathers and reduce-scatters), moved to the traced world size and device (``gloo`` on a CPU trace,
+``nccl`` on a CUDA one). The op times are the trace's (:mod:`schedopt.trace_costs`).
+
+The traced run is predicted as FSDP2 per block (``fsdp-per-block``: torchtitan's layout, FSDP2's
+defaults), the layout most runs use; the traced all-gathers per step are counted beside the number that
+layout issues, so a run laid out otherwise shows it. Every sharded solver then plans within that
+layout's predicted peak per rank: the best is at no more memory than the traced run's layout. One rank,
+no rank model (the sharded simulator models one rank).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .cluster import Cluster
+from .diagnose import Diagnosis, sharded_collectives
+from .errors import OverBudgetError, SchedoptError
+from .graph import TrainGraph
+from .problem import Problem
+from .units import format_size
+from .whatif import measured_step_s
+
+__all__ = ["ShardedWhatIf", "check_inputs", "what_sharded_plans_gain"]
+
+#: the layout a traced FSDP run is predicted as
+TRACED_LAYOUT = "fsdp-per-block"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardedWhatIf:
+    measured_s: float  # the slowest rank's mean traced step
+    predicted_s: float  # FSDP2 per block, simulated on the trace's op times
+    peak_bytes: float  # its predicted peak per rank: the budget of the plans below
+    traced_gathers: float  # all-gathers per step in the traces (mean over ranks and steps)
+    layout_gathers: int  # what FSDP2 per block issues per step
+    cluster: Cluster
+    best: dict[str, tuple[float, float]]  # solver -> (predicted step, peak per rank), fastest first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layout": TRACED_LAYOUT, "measured_s": self.measured_s, "predicted_s": self.predicted_s,
+                "prediction_error": (self.predicted_s - self.measured_s) / self.measured_s,
+                "peak_memory_bytes": self.peak_bytes, "traced_all_gathers_per_step": self.traced_gathers,
+                "layout_all_gathers_per_step": self.layout_gathers, "cluster": self.cluster.to_json(),
+                "best": {name: {"predicted_s": t, "peak_memory_bytes": peak, "speedup_vs_layout": self.predicted_s / t}
+                         for name, (t, peak) in self.best.items()}}
+
+    def describe(self) -> str:
+        error = (self.predicted_s - self.measured_s) / self.measured_s
+        lines = [f"the traced step: measured {self.measured_s * 1e3:.1f} ms (the slowest rank's mean step), "
+                 f"predicted as FSDP2 per block {self.predicted_s * 1e3:.1f} ms ({error:+.1%}), peak "
+                 f"{format_size(self.peak_bytes)} per rank, on {self.cluster.describe()}",
+                 f"  all-gathers per step: {self.traced_gathers:.1f} traced, {self.layout_gathers} per block"
+                 + ("" if round(self.traced_gathers) == self.layout_gathers else
+                    " (the traced run is laid out otherwise: the prediction is per block's)")]
+        lines += [f"  {name:15s} {t * 1e3:.1f} ms ({self.predicted_s / t:.3f}x per block, predicted), peak "
+                  f"{format_size(peak)}" for name, (t, peak) in self.best.items()]
+        return "\n".join(lines)
+
+
+def check_inputs(report: Diagnosis, cluster: Cluster | None) -> None:
+    """Raise SchedoptError where the traces are not of a sharded run, or no cluster gives the costs."""
+    if not sharded_collectives(report):
+        raise SchedoptError("the traces hold no all-gather or reduce-scatter: not a sharded run")
+    if cluster is None:
+        raise SchedoptError("a sharded run's what-if needs the collectives' costs: give --cluster (from "
+                            "torchrun ... -m schedopt calibrate, which measures FSDP2's all-gathers and reduce-scatters)")
+
+
+def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None, *,
+                            time_limit_s: float = 10.0, seed: int = 0) -> ShardedWhatIf:
+    """See the module docstring.
+
+    Raises:
+        SchedoptError: the traces are not of a sharded run, or no cluster is given.
+    """
+    from .solvers import get, solvers_for
+
+    check_inputs(report, cluster)
+    assert cluster is not None
+    cluster = replace(cluster, world_size=report.world_size or cluster.world_size,
+                      backend="gloo" if report.device == "cpu" else "nccl")
+    problem = Problem(graph=graph, cluster=cluster, mode="sharded")
+    layout = get(TRACED_LAYOUT)(problem, seed=seed)
+    peak = layout.predicted.peak_memory_bytes
+    within = replace(problem, memory_budget_bytes=int(peak))
+    best = {}
+    for name in solvers_for("sharded"):
+        try:
+            plan = get(name)(within, seed=seed, **({"time_limit_s": time_limit_s} if name == "cpsat" else {}))
+        except OverBudgetError:
+            continue
+        best[name] = (plan.predicted.iteration_s, plan.predicted.peak_memory_bytes)
+    return ShardedWhatIf(measured_s=measured_step_s(report), predicted_s=layout.predicted.iteration_s, peak_bytes=peak,
+                         traced_gathers=_gathers_per_step(report),
+                         layout_gathers=len(layout.units) + sum(u.reshard_after_forward for u in layout.units),
+                         cluster=cluster, best=dict(sorted(best.items(), key=lambda kv: kv[1][0])))
+
+
+def _gathers_per_step(report: Diagnosis) -> float:
+    gathers = [sum("allgather" in c.name.lower().replace("_", "") for c in s.collectives) for s in report.steps]
+    return statistics.fmean(gathers) if gathers else 0.0
