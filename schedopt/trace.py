@@ -153,7 +153,8 @@ def write_gantt_comparison(timelines: Sequence[tuple[str, Timeline]], path: str 
     length = 2 * max(t.iteration_s for _, t in timelines)  # two steady-state steps of the slowest
     for ax, (label, timeline) in zip(axes[:, 0], timelines):
         _draw_gantt(ax, timeline, label, events=steady_window(timeline, length), xmax_s=length)
-    _legend(axes[-1, 0], stage2=any(_has_stage2(t) for _, t in timelines))
+    _legend(axes[-1, 0], stage2=any(_has_stage2(t) for _, t in timelines),
+            sharded=any(t.mode == "sharded" for _, t in timelines))
     save_figure(fig, path)
 
 

@@ -375,6 +375,21 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     assert any(e["ph"] == "C" for e in trace) and any(e.get("cat") == "all-gather" for e in trace)
 
 
+def test_the_comparison_chart_of_sharded_plans_names_their_collectives(tmp_path, monkeypatch):
+    """compare --out's chart: per block above cpsat, its legend the all-gathers and reduce-scatters."""
+    from schedopt import plots
+    from schedopt.trace import write_gantt_comparison
+
+    shown = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: shown.append(fig))
+    problem = Problem(graph=transformer_like(2), cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")
+    timelines = [(name, simulate(problem, get(name)(problem, **kw))) for name, kw in
+                 (("fsdp-per-block", {}), ("cpsat", {"time_limit_s": 1}))]
+    write_gantt_comparison(timelines, tmp_path / "c.png")
+    labels = [t.get_text() for ax in shown[0].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert {"all-gather", "reduce-scatter"} <= set(labels) and not any("all-reduce" in x for x in labels)
+
+
 def test_cpsat_keeps_units_whole_blocks_when_fine_units_is_off():
     """``tuning={"fine_units": False}``: no unit finer than the block level (a model that changes a
     layer's output in place loses FSDP2's pre-backward hook on it), where the default picks finer ones."""
