@@ -22,7 +22,9 @@ ended j, so no rank's earlier op can overlap a chunk it has not seen yet. Withou
 is the one rank of :func:`~schedopt.simulate.simulate`, whose figure the caller takes as it is.
 
 In ``barrier`` mode the program settles every bucket at the end of the step with lag 0 (this step's
-collectives), and the optimizer runs after: ``simulate``'s barrier semantics.
+collectives), and the optimizer runs after: ``simulate``'s barrier semantics. In ``sharded`` mode
+every all-gather and reduce-scatter is a bucket of its own, settled with lag 0 where FSDP2's stream
+waits for it (:func:`~schedopt.shard_sim.sharded_step_program`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from .errors import InvalidPlanError, UnitError
 from .graph import TrainGraph
 from .plan import Plan, validate
 from .problem import Problem
+from .shard_sim import sharded_step_program
 from .simulate import simulate, step_program
 from .steady import Machine, StepProgram
 
@@ -200,25 +203,25 @@ def _settled(clocks: list[float]) -> bool:
 
 
 def simulate_ranks(problem: Problem, plan: Plan, model: RankModel) -> RankRun:
-    """``plan``'s period on ``model``'s ranks (``barrier``, ``overlap`` or ``osp``); without variation,
-    :func:`~schedopt.simulate.simulate`'s figure itself.
+    """``plan``'s period on ``model``'s ranks; without variation, :func:`~schedopt.simulate.simulate`'s
+    figure itself. A sharded plan runs its step as :func:`~schedopt.shard_sim.sharded_step_program`
+    gives it (FSDP2 has no cross-step overlap: every collective settles within its step).
 
     Raises:
-        InvalidPlanError: a sharded plan (its units run on :mod:`.shard_sim`, one rank), or one that does
-            not fit the graph.
+        InvalidPlanError: a plan that does not fit the graph.
     """
-    if problem.mode == "sharded":
-        raise InvalidPlanError("the rank model runs barrier, overlap and osp plans; sharded plans run on one rank")
     if not model.varies:
         timeline = simulate(problem, plan)
         return RankRun(period=timeline.iteration_s, steps=timeline.num_steps, stable=timeline.converged is not False)
     validate(plan, problem.graph)
+    if problem.mode == "sharded":
+        return run_ranks(sharded_step_program(problem.graph, plan, problem.cluster), model)
     return run_ranks(step_program(problem, plan), model)
 
 
 def period(problem: Problem, plan: Plan) -> float:
-    """``plan``'s period on ``problem``'s ranks: :func:`simulate_ranks` on ``problem.rank_model`` (a sharded
-    plan, or a problem without one: :func:`~schedopt.simulate.simulate`'s figure)."""
-    if problem.rank_model is None or problem.mode == "sharded":
+    """``plan``'s period on ``problem``'s ranks: :func:`simulate_ranks` on ``problem.rank_model`` (a problem
+    without one: :func:`~schedopt.simulate.simulate`'s figure)."""
+    if problem.rank_model is None:
         return simulate(problem, plan).iteration_s
     return simulate_ranks(problem, plan, problem.rank_model).period

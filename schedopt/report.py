@@ -188,7 +188,7 @@ def compare(
     baseline = ddp_iteration_s(_replicated(problem), plans.get(BASELINE) if problem.mode != "sharded" and
                                BASELINE in runners else ddp)
     perfect = perfect_overlap_s(problem)
-    ranks = problem.rank_model is not None and problem.mode != "sharded"
+    ranks = problem.rank_model is not None
     return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect,
                            period_s=period(problem, plans[name]) if ranks else None) if name in plans else
             {**dict.fromkeys(COLUMNS), "solver": name, "status": "OVER_BUDGET", "error": failed[name]}

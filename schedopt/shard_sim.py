@@ -46,9 +46,9 @@ from .plan import Plan
 from .problem import Problem
 from .runs import Sides, joint_runs, least_runs
 from .sharding import Geometry
-from .steady import Machine, least_span
+from .steady import Machine, StepProgram, least_span
 
-__all__ = ["ShardedStep", "run_sharded_step", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes",
+__all__ = ["ShardedStep", "run_sharded_step", "sharded_step_program", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes",
            "fewest_units"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
@@ -174,6 +174,42 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
             t += graph.ops[op_id].duration_s
     step.end_s = t
     return step
+
+
+def sharded_step_program(graph: TrainGraph, plan: Plan, cluster: Cluster) -> StepProgram:
+    """The step of :func:`run_sharded_step` as the rank model runs it (:class:`.steady.StepProgram`):
+    every collective a bucket of one chunk, issued after the position before its hook (an all-gather)
+    or after its post-backward op (a reduce-scatter), in the walker's order; settled (lag 0, no update)
+    where the stream waits for it: before the op that needs its unit, right after it where the host
+    runs it blocking (gloo), and every one before the optimizer, the last position. On one rank with
+    no variation the program's step is the walker's (a test checks it on random plans)."""
+    geometry = Geometry(graph, plan.order, plan.units)
+    issue, wait, _, _, post = _hooks(geometry)
+    host = cluster.backend == "gloo"
+    gather_blocks = host and not plan.async_unshard
+    ready: list[int] = []
+    time: list[float] = []
+    settle: dict[int, list[int]] = {}
+    bucket: dict[tuple[str, int], int] = {}
+
+    def send(kind: str, i: int, after: int, blocks: bool) -> None:
+        bucket[(kind, i)] = len(ready)
+        ready.append(after)
+        time.append(cluster.shard_collective_s(geometry.nbytes[i], "reduce-scatter" if kind == RS else "all-gather"))
+        if blocks:
+            settle.setdefault(after + 1, []).append(bucket[(kind, i)])
+
+    for j in range(len(geometry.compute_ops)):
+        for _, i, kind in issue.get(j, ()):
+            send(kind, abs(i), j - 1, gather_blocks)
+        settle.setdefault(j, []).extend(bucket[key] for key in wait.get(j, ()))
+        for i in post.get(j, ()):
+            send(RS, i, j, host)
+    settle[len(geometry.compute_ops)] = list(range(len(ready)))  # the optimizer after every collective
+    work = [graph.ops[o].duration_s for o in geometry.compute_ops] + [graph.totals.optimizer_s]
+    return StepProgram(work=work, settle={j: ks for j, ks in settle.items() if ks}, update=[0.0] * len(ready),
+                       chunk_ready=ready, chunk_bucket=list(range(len(ready))), chunk_time=time,
+                       interference=cluster.effective_interference, lag=[0] * len(ready))
 
 
 def peak_memory(graph: TrainGraph, plan: Plan) -> tuple[float, float, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -75,11 +77,34 @@ def test_a_bad_rank_model_is_refused(kwargs):
         RankModel(**kwargs)
 
 
-def test_sharded_plans_are_refused(graph):
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+@pytest.mark.parametrize("solver", ["fsdp-per-block", "fsdp-size", "fsdp-root", "cpsat"])
+def test_a_sharded_step_on_one_rank_is_the_walkers(graph, backend, solver):
+    """The sharded step program (every all-gather and reduce-scatter a bucket, settled where FSDP2's
+    stream waits) run by the rank engine on one rank: the sharded simulator's step (to rounding: the
+    two add the same times in another order), the host blocking (gloo) or not (nccl), interference on."""
+    from schedopt.ranks import run_ranks
+    from schedopt.shard_sim import run_sharded_step, sharded_step_program
+
+    problem = Problem(graph=graph, cluster=Cluster(world_size=8, bandwidth_Bps=2e9, latency_s=2e-5, backend=backend,
+                                                   interference=0.3), mode="sharded")
+    plan = get(solver)(problem, **({"time_limit_s": 1} if solver == "cpsat" else {}))
+    for p in (plan, replace(plan, async_unshard=not plan.async_unshard)):
+        run = run_ranks(sharded_step_program(graph, p, problem.cluster), RankModel(ranks=1), max_steps=3)
+        assert run.period == pytest.approx(run_sharded_step(graph, p, problem.cluster).end_s, rel=1e-12, abs=0)
+
+
+def test_sharded_plans_wait_for_the_slowest_rank(graph):
+    """Every all-gather and reduce-scatter starts when the last rank issues it: more ranks, a longer
+    step; nearly no variation, the one-rank step."""
     problem = _problem(graph, "sharded")
     plan = get("fsdp-per-block")(problem, seed=0)
-    with pytest.raises(InvalidPlanError, match="sharded"):
-        simulate_ranks(problem, plan, RankModel(ranks=2, op_spread=0.1))
+    one = simulate(problem, plan).iteration_s
+    near = simulate_ranks(problem, plan, RankModel(ranks=3, op_spread=1e-9))
+    assert near.stable and near.period == pytest.approx(one, rel=1e-6)
+    periods = [simulate_ranks(problem, plan, RankModel(ranks=r, op_spread=0.1, step_spread=0.05)).period
+               for r in (1, 8, 64)]
+    assert periods[0] < periods[1] < periods[2] and periods[0] == pytest.approx(one, rel=0.03)
 
 
 def _report(computes_by_rank):

@@ -375,6 +375,21 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     assert any(e["ph"] == "C" for e in trace) and any(e.get("cat") == "all-gather" for e in trace)
 
 
+def test_simulate_runs_a_sharded_plan_on_varying_ranks(tmp_path, capsys):
+    """``simulate --op-spread``: the sharded step on every rank, each collective waiting for the last."""
+    from schedopt.cli import main
+
+    graph = transformer_like(2, hidden=64, num_heads=4, seq_len=16, vocab_size=100)
+    graph.save(tmp_path / "g.json")
+    assert main(["plan", str(tmp_path / "g.json"), "--mode", "sharded", "--solver", "fsdp-per-block",
+                 "--world-size", "8", "-o", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(tmp_path / "p.json"), str(tmp_path / "g.json"), "--format", "json",
+                 "--op-spread", "10%", "--ranks", "16"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["ranks"]["ranks"] == 16 and summary["ranks"]["period_s"] > summary["iteration_s"]
+
+
 def test_the_comparison_chart_of_sharded_plans_names_their_collectives(tmp_path, monkeypatch):
     """compare --out's chart: per block above cpsat, its legend the all-gathers and reduce-scatters."""
     from schedopt import plots
