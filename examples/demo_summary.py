@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
           f"{'(predicted)':>11s}  steps (mean of {len(ddp_steps)}, from-to)")
     for kind, solver, measured, predicted, steps in rows:
         print(f"{kind:9s} {solver:12s} {measured * 1e3:8.1f}ms {predicted * 1e3:8.1f}ms "
-              f"{(predicted - measured) / measured:+7.1%} {ddp_s / measured:6.3f}x {f'({ddp_predicted / predicted:.3f}x)':>11s}  "
+              f"{(predicted - measured) / measured:+7.1%} {ddp_s / measured:6.3f}x "
+              f"{f'({ddp_predicted / predicted:.3f}x)':>11s}  "
               f"{min(steps) * 1e3:.0f}-{max(steps) * 1e3:.0f} ms")
     print(f"{cluster.describe()}; measured on this machine, 2 gloo ranks on localhost")
     print("one launch each, and launches on a shared host differ from one another: bench/testbed.py "

@@ -188,9 +188,9 @@ def _check_budget(plan: Plan, module: nn.Module, world: int) -> None:
     total = sum(p.numel() * p.element_size() for p in trainable_parameters(module).values())
     peak = predicted.peak_memory_bytes - total / plan.cluster.world_size + total / world
     if peak > budget:
-        raise MemoryBudgetError(f"sharded over {world} ranks this plan holds {format_size(peak)} per rank at its peak, over "
-                                f"its memory budget of {format_size(budget)} (planned for {plan.cluster.world_size} "
-                                "ranks); replan for this world size")
+        raise MemoryBudgetError(f"sharded over {world} ranks this plan holds {format_size(peak)} per rank at its peak, "
+                                f"over its memory budget of {format_size(budget)} (planned for "
+                                f"{plan.cluster.world_size} ranks); replan for this world size")
 
 
 @dataclass(frozen=True, slots=True)

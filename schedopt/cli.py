@@ -464,8 +464,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             check_inputs(report, cluster)  # before the graph's import and the op matching
         costs = trace_costs(_graph(args), traces[0].path)
         limit = args.time_limit or 10.0
-        gain = what_sharded_plans_gain if sharded else what_plans_gain
-        whatif = gain(report, costs.graph, cluster, time_limit_s=limit, reference_rank=traces[0].rank or 0)
+        whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit) if sharded else \
+            what_plans_gain(report, costs.graph, cluster, time_limit_s=limit, reference_rank=traces[0].rank or 0)
         data["what_if"] = {**whatif.to_json(), "trace_costs": costs.describe()}
     if args.json:
         write_json_atomic(args.json, data)

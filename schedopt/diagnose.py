@@ -29,7 +29,7 @@ from .intervals import clip, covered, covered_union, length, uncovered, union
 from .kineto import Collective, RankTrace
 
 __all__ = ["DIAGNOSIS_SCHEMA", "HOST_BOUND_SHARE", "CollectiveRow", "StepRow", "Diagnosis", "diagnose", "format_report",
-           "plot_step", "sharded_collectives"]
+           "plot_step", "collective_kind", "sharded_collectives"]
 
 DIAGNOSIS_SCHEMA = "schedopt.diagnosis/1"
 #: exposure below this (s) is noise, not a finding
@@ -93,12 +93,18 @@ class Diagnosis:
                 "files": self.files, "median": median, "steps": [s.to_json() for s in self.steps]}
 
 
+def collective_kind(name: str) -> str | None:
+    """``all-gather`` or ``reduce-scatter`` for a traced collective of that kind (gloo's
+    ``gloo:all_gather``, NCCL's ``ncclDevKernel_AllGather_...``), else None."""
+    flat = name.lower().replace("_", "")
+    return next((kind for kind, key in (("all-gather", "allgather"), ("reduce-scatter", "reducescatter"))
+                 if key in flat), None)
+
+
 def sharded_collectives(report: Diagnosis) -> list[str]:
-    """The names of the traced collectives that only sharded runs (FSDP) issue: all-gathers and
-    reduce-scatters (gloo's ``gloo:all_gather``, NCCL's ``ncclDevKernel_AllGather_...``); none for a
-    replicated run."""
-    return sorted({c.name for s in report.steps for c in s.collectives
-                   if any(k in c.name.lower().replace("_", "") for k in ("allgather", "reducescatter"))})
+    """The names of the traced collectives only sharded runs (FSDP) issue (:func:`collective_kind`);
+    none for a replicated run."""
+    return sorted({c.name for s in report.steps for c in s.collectives if collective_kind(c.name)})
 
 
 def _reasons(c: Collective, compute: list[tuple[float, float]], spans: list, window: tuple[float, float]) -> list[str]:

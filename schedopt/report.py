@@ -238,7 +238,8 @@ def sweep(
 
 
 _COUNTS = ("num_buckets", "num_units")
-_HEADERS = {"peak_memory_bytes": "peak_memory", "bandwidth_Bps": "bandwidth", "perfect_overlap_s": "max(comp,comm)_ms", "headroom_share": "headroom"}
+_HEADERS = {"peak_memory_bytes": "peak_memory", "bandwidth_Bps": "bandwidth", "perfect_overlap_s": "max(comp,comm)_ms",
+            "headroom_share": "headroom"}
 
 
 def _cell(value: Any, column: str) -> str:

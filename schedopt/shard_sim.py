@@ -48,8 +48,8 @@ from .runs import Sides, joint_runs, least_runs
 from .sharding import Geometry
 from .steady import Machine, StepProgram, least_span
 
-__all__ = ["ShardedStep", "run_sharded_step", "sharded_step_program", "peak_memory", "sharded_lower_bound", "memory_floor", "regathered_bytes",
-           "fewest_units"]
+__all__ = ["ShardedStep", "run_sharded_step", "sharded_step_program", "peak_memory", "sharded_lower_bound",
+           "memory_floor", "regathered_bytes", "fewest_units"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
 

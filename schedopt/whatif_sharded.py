@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .cluster import Cluster
-from .diagnose import Diagnosis, sharded_collectives
+from .diagnose import Diagnosis, collective_kind, sharded_collectives
 from .errors import OverBudgetError, SchedoptError
 from .graph import TrainGraph
 from .problem import Problem
@@ -76,13 +76,13 @@ def check_inputs(report: Diagnosis, cluster: Cluster | None) -> None:
         raise SchedoptError("the traces hold no all-gather or reduce-scatter: not a sharded run")
     if cluster is None:
         raise SchedoptError("a sharded run's what-if needs the collectives' costs: give --cluster (from "
-                            "torchrun ... -m schedopt calibrate, which measures FSDP2's all-gathers and reduce-scatters)")
+                            "torchrun ... -m schedopt calibrate, which measures FSDP2's all-gathers and "
+                            "reduce-scatters)")
 
 
 def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None, *,
-                            time_limit_s: float = 10.0, seed: int = 0, reference_rank: int = 0) -> ShardedWhatIf:
-    """See the module docstring; ``graph``'s op times are ``reference_rank``'s (the replicated what-if's
-    signature: the caller need not know which it runs).
+                            time_limit_s: float = 10.0, seed: int = 0) -> ShardedWhatIf:
+    """See the module docstring.
 
     Raises:
         SchedoptError: the traces are not of a sharded run, or no cluster is given.
@@ -111,5 +111,5 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
 
 
 def _gathers_per_step(report: Diagnosis) -> float:
-    gathers = [sum("allgather" in c.name.lower().replace("_", "") for c in s.collectives) for s in report.steps]
+    gathers = [sum(collective_kind(c.name) == "all-gather" for c in s.collectives) for s in report.steps]
     return statistics.fmean(gathers) if gathers else 0.0

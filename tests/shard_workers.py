@@ -75,7 +75,8 @@ def against_fsdp2_and_ddp(rank: int, world: int, name: str, plan, steps: int = 5
     base, example, loss_fn = build(name)
     names = ("replicate", "shard")[-len(mesh_shape):] if mesh_shape else None
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names) if mesh_shape else None
-    models = {"plan": shard(copy.deepcopy(base), plan, mesh=mesh), "per_block": shard(copy.deepcopy(base), None, mesh=mesh),
+    models = {"plan": shard(copy.deepcopy(base), plan, mesh=mesh),
+              "per_block": shard(copy.deepcopy(base), None, mesh=mesh),
               "ddp": nn.parallel.DistributedDataParallel(copy.deepcopy(base))}
     if rebucketed_ddp:
         models["ddp_rebucketed"] = nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=0.01)

@@ -100,7 +100,8 @@ def test_the_compare_and_sweep_tables_show_only_the_columns_the_mode_fills(graph
 
     common = ["--world-size", "8", "--network", "100gbe"]
     shown = header(["compare", str(graph_file), "--solvers", "pytorch-ddp,horovod", *common])
-    assert {"num_buckets", "speedup_vs_ddp"} <= set(shown) and not {"num_units", "peak_memory", "period_ms"} & set(shown)
+    assert {"num_buckets", "speedup_vs_ddp"} <= set(shown)
+    assert not {"num_units", "peak_memory", "period_ms"} & set(shown)
     shown = header(["compare", str(graph_file), "--solvers", "fsdp-per-block", "--mode", "sharded", *common])
     assert {"num_units", "peak_memory"} <= set(shown) and "num_buckets" not in shown
     shown = header(["sweep", str(graph_file), "--solvers", "fsdp-root", "--mode", "sharded", "--bandwidths", "1Gbps",

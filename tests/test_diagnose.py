@@ -134,7 +134,8 @@ def test_a_sharded_runs_what_if_is_fsdp2_per_block_and_the_plans_within_its_peak
     assert result.measured_s == pytest.approx(0.010) and result.traced_gathers == 1.0
     problem = Problem(graph=graph, cluster=result.cluster, mode="sharded")
     layout = get("fsdp-per-block")(problem)
-    assert result.predicted_s == layout.predicted.iteration_s and result.peak_bytes == layout.predicted.peak_memory_bytes
+    assert result.predicted_s == layout.predicted.iteration_s
+    assert result.peak_bytes == layout.predicted.peak_memory_bytes
     assert result.layout_gathers == len(layout.units) + sum(u.reshard_after_forward for u in layout.units)
     times = [t for t, _ in result.best.values()]
     assert times == sorted(times) and result.best["cpsat"][0] <= result.predicted_s
