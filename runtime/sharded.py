@@ -101,13 +101,14 @@ def shard(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, 
         raise InvalidPlanError(f"shard applies sharded plans (FSDP2 units); this is a {plan.mode} plan of buckets: "
                                "apply it with schedopt.runtime.wrap")
     groups = [mesh.get_group(d) for d in range(mesh.ndim)] if mesh is not None else [None]
+    for group in groups:  # each rank agrees with its peers along every dimension: the whole mesh agrees
+        check_agreement(plan, module, group, note_world=False)
     leads = all(dist.get_rank(g) == 0 for g in groups)  # the mesh's first rank: it logs
-    for d, group in enumerate(groups):  # each rank agrees with its peers along every dimension: all agree
-        check_agreement(plan, module, group, note_world=leads and d == len(groups) - 1)
-    if len(groups) > 1 and leads:
-        log.warning("schedopt.runtime.shard: a %d-D mesh (HSDP): units sharded over %d ranks, replicated over %d; "
-                    "the plan's prediction counts no all-reduce across the replicas", len(groups),
-                    dist.get_world_size(groups[-1]), math.prod(dist.get_world_size(g) for g in groups[:-1]))
+    live = (dist.get_world_size(groups[-1]), math.prod(dist.get_world_size(g) for g in groups[:-1]))
+    if live != (plan.cluster.shard_group, plan.cluster.replicas) and leads:
+        log.warning("schedopt.runtime.shard: units sharded over %d ranks and replicated over %d, the plan's over %d "
+                    "and %d: its units apply, its prediction does not (plan with --world-size %d --replicas %d)",
+                    *live, plan.cluster.shard_group, plan.cluster.replicas, live[0] * live[1], live[1])
     _check_units(plan, module)
     _check_budget(plan, module, dist.get_world_size(groups[-1]))  # FSDP2 shards over the last dimension
     states = _apply(module, list(plan.units), kwargs)
@@ -186,11 +187,11 @@ def _check_budget(plan: Plan, module: nn.Module, world: int) -> None:
     if budget is None or predicted is None or predicted.peak_memory_bytes is None:
         return
     total = sum(p.numel() * p.element_size() for p in trainable_parameters(module).values())
-    peak = predicted.peak_memory_bytes - total / plan.cluster.world_size + total / world
+    peak = predicted.peak_memory_bytes - total / plan.cluster.shard_group + total / world
     if peak > budget:
         raise MemoryBudgetError(f"sharded over {world} ranks this plan holds {format_size(peak)} per rank at its peak, "
-                                f"over its memory budget of {format_size(budget)} (planned for "
-                                f"{plan.cluster.world_size} ranks); replan for this world size")
+                                f"over its memory budget of {format_size(budget)} (planned sharded over "
+                                f"{plan.cluster.shard_group} ranks); replan for this world size")
 
 
 @dataclass(frozen=True, slots=True)

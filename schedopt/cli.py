@@ -126,6 +126,9 @@ def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> 
     group.add_argument("--bandwidth", help="per-rank bus bandwidth, e.g. 10Gbps or 1.25GB/s (overrides the preset)")
     group.add_argument("--latency", help="all-reduce step latency alpha, e.g. 20us (overrides the preset)")
     group.add_argument("--algorithm", choices=["ring", "tree"], default=None, help="all-reduce algorithm")
+    group.add_argument("--replicas", type=_positive_int, default=None,
+                       help="sharded mode: HSDP, the ranks in this many replica groups, each unit sharded over "
+                            "world-size / replicas ranks (default 1: FSDP)")
     group.add_argument("--cluster", metavar="FILE", default=None,
                        help="a cluster JSON (from 'schedopt calibrate'); the options above override its fields")
 
@@ -147,6 +150,8 @@ def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
         overrides["latency_s"] = parse_duration(args.latency)
     if args.algorithm is not None:
         overrides["algorithm"] = args.algorithm
+    if args.replicas is not None:
+        overrides["replicas"] = args.replicas
     if not overrides:
         return base
     if "bandwidth_Bps" in overrides or "latency_s" in overrides:
@@ -715,6 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preset whose latency and call overhead every case keeps (default 10gbe)")
     p.add_argument("--latency", help="all-reduce step latency alpha for every case, e.g. 20us")
     p.add_argument("--algorithm", choices=["ring", "tree"], default=None)
+    p.add_argument("--replicas", type=_positive_int, default=None,
+                   help="sharded mode: HSDP replica groups in every case (each world size a multiple of it)")
     p.add_argument("--cluster", metavar="FILE", default=None,
                    help="a cluster JSON whose latency, call overhead and algorithm every case keeps")
     _add_problem_options(p)

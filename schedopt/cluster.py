@@ -16,7 +16,7 @@ collectives of a process group), so the network is one FIFO channel.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import Any, Iterable, Literal, Mapping
 
@@ -89,6 +89,9 @@ class Cluster:
             per unsharded byte for ``all-gather`` and ``reduce-scatter`` (``schedopt
             calibrate``; a mapping ``{kind: [fixed_s, s_per_byte]}`` is accepted); where a kind
             is absent, :meth:`shard_collective_s` uses the ring formula.
+        replicas: sharded mode's HSDP (FSDP2 on a 2-D mesh): the ranks in ``replicas``
+            groups, each unit sharded over :attr:`shard_group` (``world_size / replicas``)
+            ranks and its reduced shards all-reduced across the replicas. 1 (default): FSDP.
 
     Example:
         >>> Cluster.preset("10gbe", world_size=8).allreduce_s(25 * 2**20) > 0.03
@@ -104,11 +107,16 @@ class Cluster:
     interference: float = 0.0
     backend: Backend = "nccl"
     shard_costs: tuple[tuple[str, float, float], ...] | None = None
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if (isinstance(self.world_size, bool) or not isinstance(self.world_size, int)
                 or not 1 <= self.world_size <= MAX_WORLD_SIZE):
             raise SchedoptError(f"world_size must be an integer from 1 to {MAX_WORLD_SIZE}, got {self.world_size!r}")
+        if (isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1
+                or self.world_size % self.replicas):
+            raise SchedoptError(f"replicas must be a whole number that divides the world size {self.world_size}, "
+                                f"got {self.replicas!r}")
         if not (isinstance(self.bandwidth_Bps, (int, float)) and self.bandwidth_Bps > 0
                 and math.isfinite(self.bandwidth_Bps)):
             raise UnitError(f"bandwidth_Bps must be a positive number, got {self.bandwidth_Bps!r}")
@@ -190,19 +198,29 @@ class Cluster:
             return 0.0
         return self.fixed_s + self.seconds_per_byte * nbytes
 
+    @property
+    def shard_group(self) -> int:
+        """The ranks each unit is sharded over: the world, or one HSDP replica's (``world_size / replicas``)."""
+        return self.world_size // self.replicas
+
     def shard_collective_s(self, nbytes: float, kind: str = "all-gather") -> float:
-        """Return the time of one all-gather or reduce-scatter (``kind``) of ``nbytes`` unsharded bytes:
-        measured (:attr:`shard_costs`) where calibrated, else the ring's ``call_s + (n-1)·alpha +
-        (n-1)/n · nbytes / bandwidth``, by which an all-gather and a reduce-scatter of the same
-        bytes move one ring all-reduce's volume together. Affine with a non-negative intercept
-        either way (the sharded lower bound relies on it)."""
-        n = self.world_size
-        if n == 1:
-            return 0.0
-        for name, fixed, per_byte in self.shard_costs or ():
-            if name == kind:
-                return fixed + per_byte * nbytes
-        return self.call_s + (n - 1) * self.latency_s + (n - 1) / n * nbytes / self.bandwidth_Bps
+        """Return the time of one all-gather or reduce-scatter (``kind``) of ``nbytes`` unsharded bytes over
+        the :attr:`shard_group`'s n ranks: measured (:attr:`shard_costs`) where calibrated, else the ring's
+        ``call_s + (n-1)·alpha + (n-1)/n · nbytes / bandwidth``, by which an all-gather and a
+        reduce-scatter of the same bytes move one ring all-reduce's volume together. With HSDP
+        replicas, a reduce-scatter is followed by the all-reduce of its ``nbytes / n`` reduced bytes
+        across them (FSDP2 issues it when the reduce-scatter ends; one channel here). Affine with a
+        non-negative intercept either way (the sharded lower bound relies on it)."""
+        n = self.shard_group
+        time = 0.0
+        if n > 1:
+            measured = {name: (fixed, per_byte) for name, fixed, per_byte in self.shard_costs or ()}
+            fixed, per_byte = measured.get(kind, (self.call_s + (n - 1) * self.latency_s,
+                                                  (n - 1) / n / self.bandwidth_Bps))
+            time = fixed + per_byte * nbytes
+        if kind == "reduce-scatter" and self.replicas > 1:
+            time += replace(self, world_size=self.replicas, replicas=1).allreduce_s(nbytes / n)
+        return time
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form used inside plans."""
@@ -212,7 +230,7 @@ class Cluster:
     def from_json(cls, data: dict[str, Any]) -> Cluster:
         """Rebuild a cluster from :meth:`to_json` output."""
         known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference", "backend",
-                 "shard_costs"}
+                 "shard_costs", "replicas"}
         if not isinstance(data, dict) or "world_size" not in data or "bandwidth_Bps" not in data:
             raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -248,6 +266,7 @@ class Cluster:
             f"alpha {format_duration(self.latency_s)}, {self.algorithm}"
             + (f", compute {self.interference:.0%} slower during collectives" if self.interference else "")
             + (f", {self.backend} (collectives on the host)" if self.backend == "gloo" else "")
+            + (f", HSDP: {self.replicas} replicas of {self.shard_group}" if self.replicas > 1 else "")
         )
 
 

@@ -98,6 +98,8 @@ class Problem:
                 raise SchedoptError(f"memory_budget_bytes must be a positive whole number of bytes, got {budget!r}")
             if self.mode != "sharded":
                 raise SchedoptError(f"a memory budget applies to sharded plans; this problem is in {self.mode} mode")
+        if self.cluster.replicas > 1 and self.mode != "sharded":
+            raise SchedoptError(f"replicas (HSDP) apply to sharded plans; this problem is in {self.mode} mode")
         if self.mode == "sharded" and self.execution != "eager":
             raise SchedoptError("sharded mode runs the autograd engine's order through FSDP2; plan it with "
                                 "execution eager")

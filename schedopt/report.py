@@ -94,7 +94,7 @@ def perfect_overlap_s(problem: Problem) -> float:
 
     from .simulate import lower_bound
 
-    quiet = replace(problem.cluster, interference=0.0)
+    quiet = replace(problem.cluster, interference=0.0, replicas=1)
     return lower_bound(replace(problem, cluster=quiet, mode="overlap", memory_budget_bytes=None))
 
 
@@ -110,7 +110,8 @@ def _replicated(problem: Problem) -> Problem:
     (``barrier``) where it is sharded."""
     from dataclasses import replace
 
-    return problem if problem.mode != "sharded" else replace(problem, mode="barrier", memory_budget_bytes=None)
+    return problem if problem.mode != "sharded" else replace(problem, mode="barrier", memory_budget_bytes=None,
+                                                              cluster=replace(problem.cluster, replicas=1))
 
 
 def ddp_timeline(problem: Problem, ddp_plan: Plan):

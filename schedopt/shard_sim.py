@@ -124,7 +124,7 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
     """Simulate one step of a sharded plan (see the module docstring)."""
     geometry = Geometry(graph, plan.order, plan.units)
     issue, wait, grad_first, reshard, post = _hooks(geometry)
-    n = cluster.world_size
+    n = cluster.shard_group
     step = ShardedStep(sharded_bytes=sum(geometry.nbytes) / n)
     machine = Machine(cluster.effective_interference)
     ends: dict[tuple[str, int], float] = {}
@@ -354,7 +354,7 @@ def memory_floor(problem: Problem) -> tuple[float, str]:
     The shards plus the most that every plan holds unsharded during any one op (:func:`_held_levels`).
     """
     graph = problem.graph
-    shards = graph.total_param_bytes / problem.cluster.world_size
+    shards = graph.total_param_bytes / problem.cluster.shard_group
     order, _, levels = _held_levels(problem)
     if not graph.params or not order:
         return shards, "the shards only"
@@ -404,7 +404,7 @@ def _unit_caps(problem: Problem, held: tuple) -> tuple[list[float], float]:
         ends.add(last)
         total += nbytes
     live = list(accumulate(live[:-1]))
-    spare = budget - graph.total_param_bytes / problem.cluster.world_size
+    spare = budget - graph.total_param_bytes / problem.cluster.shard_group
     return sorted((max(0.0, spare - levels[j]) / 2 + live[j] for j in ends), reverse=True), total
 
 
@@ -438,7 +438,7 @@ def regathered_bytes(problem: Problem, *, held: tuple | None = None) -> float:
     if budget is None or not graph.params:
         return 0.0
     order, geometry, levels = held or _held_levels(problem)
-    spare = [max(0.0, budget - graph.total_param_bytes / problem.cluster.world_size - level) for level in levels]
+    spare = [max(0.0, budget - graph.total_param_bytes / problem.cluster.shard_group - level) for level in levels]
     gaps = []  # (last op of the gap, first op, bytes)
     for name, touch in geometry.touches.items():
         reads = sorted(set(touch["forward"])) + ([min(touch["backward"])] if touch["backward"] else [])

@@ -197,7 +197,7 @@ def block_groups(graph: TrainGraph) -> list[list[str]]:
 def size_cap_bytes(problem: Problem) -> int:
     """The unit size at which a collective's fixed cost is a tenth of its transfer, clipped to 50 MB - 2 GB."""
     cluster = problem.cluster
-    n = cluster.world_size
+    n = cluster.shard_group
     if n == 1:
         return MAX_CAP_BYTES
     fixed = cluster.shard_collective_s(0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from typing import Any
 
@@ -155,38 +156,56 @@ def mixed_precision(rank: int, world: int, name: str, plan) -> dict[str, Any]:
             "params": total, "grad_dtypes": sorted({str(p.grad.dtype) for p in model.parameters() if p.grad is not None})}
 
 
+class _Warnings(logging.Handler):
+    """The warnings ``schedopt.runtime`` logs on this rank while attached (``with``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def __enter__(self) -> "_Warnings":
+        logging.getLogger("schedopt.runtime").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        logging.getLogger("schedopt.runtime").removeHandler(self)
+
+
+def hsdp_notes(rank: int, world: int, name: str, plan, mesh_shape: tuple[int, int]) -> list[str]:
+    """The warnings ``shard`` logs applying ``plan`` on a mesh of ``mesh_shape`` (replicate, shard)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from schedopt.runtime import shard
+
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard"))
+    with _Warnings() as seen:
+        shard(build(name)[0], plan, mesh=mesh)
+    return seen.lines
+
+
 def paced(rank: int, world: int, name: str, plan, synced: int) -> list[list[str]]:
     """The warnings ``schedopt.runtime`` logs on this rank, read after ``synced`` training steps, then
     after one more; each synced step is followed by an accumulation micro-step and an evaluation
     forward, which the pace check must not time."""
-    import logging
-
     from schedopt.runtime import shard
 
-    class Keep(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.WARNING)
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
-
-    keep = Keep()
-    logging.getLogger("schedopt.runtime").addHandler(keep)
     model, example, loss_fn = build(name)
-    model = shard(model, plan)
     x = batch(example, 7 + rank)
     seen = []
-    for k in range(synced + 1):
-        model.set_requires_gradient_sync(False)
-        loss_fn(model(*x), *x).backward()
-        model.set_requires_gradient_sync(True)
-        loss_fn(model(*x), *x).backward()
-        with torch.no_grad():
-            model(*x)
-        if k >= synced - 1:
-            seen.append(list(keep.lines))
-    logging.getLogger("schedopt.runtime").removeHandler(keep)
+    with _Warnings() as logged:
+        model = shard(model, plan)
+        for k in range(synced + 1):
+            model.set_requires_gradient_sync(False)
+            loss_fn(model(*x), *x).backward()
+            model.set_requires_gradient_sync(True)
+            loss_fn(model(*x), *x).backward()
+            with torch.no_grad():
+                model(*x)
+            if k >= synced - 1:
+                seen.append(list(logged.lines))
     return seen
 
 

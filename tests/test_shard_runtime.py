@@ -110,6 +110,20 @@ def test_a_two_dimensional_mesh_is_hsdp_and_equals_torchs_own_bit_for_bit(mesh_s
         assert r["plan_vs_ddp"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_ddp"]
 
 
+def test_a_plan_for_other_replicas_than_the_mesh_says_so_on_the_first_rank():
+    """A plan made with --replicas 2 on a mesh of 2 replicas: quiet; an FSDP plan there: one line on the
+    mesh's first rank naming the layout it was made for and the one it runs on."""
+    name = "tiny_gpt"
+    fsdp = solved(name, "fsdp-per-block")
+    hsdp = get("fsdp-per-block")(Problem(graph=graph_of(name), mode="sharded",
+                                         cluster=Cluster.preset("10gbe", world_size=2, replicas=2)))
+    assert run_ranks(workers.hsdp_notes, 2, name, hsdp, (2, 1), timeout_s=60) == [[], []]
+    first, second = run_ranks(workers.hsdp_notes, 2, name, fsdp, (2, 1), timeout_s=60)
+    assert len(first) == 1 and second == []
+    assert "sharded over 1 ranks and replicated over 2, the plan's over 2 and 1" in first[0]
+    assert "--world-size 2 --replicas 2" in first[0]
+
+
 def test_what_ran_is_recorded_per_step():
     """Each step: the plan's all-gathers (one per unit, one more per resharded unit) and one
     reduce-scatter per unit, each issued before it ends; the peak memory the simulator predicts, within

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
-from schedopt.errors import InvalidPlanError, OverBudgetError, SolverError
+from schedopt.errors import InvalidPlanError, OverBudgetError, SchedoptError, SolverError
 from schedopt.graph import Op, Param
 from schedopt.modules import ModuleTree
 from schedopt.plan import SolverInfo, validate
@@ -203,6 +203,32 @@ def test_one_unit_without_reshard_moves_one_all_reduce_volume():
     assert simulate(problem, plan).comm_s == pytest.approx(cluster.allreduce_s(graph.total_param_bytes))
 
 
+def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas():
+    """HSDP, 8 ranks as 2 replicas of 4: all-gathers and reduce-scatters over 4 ranks, then the reduced
+    quarter all-reduced over 2; each rank holds a quarter of every unit. As many replicas as ranks is
+    DDP's all-reduce of every byte."""
+    c = Cluster(world_size=8, replicas=2, bandwidth_Bps=1e9, latency_s=1e-5)
+    b = 4e6
+    assert c.shard_group == 4 and c.shard_collective_s(b) == pytest.approx(3e-5 + 0.75 * b / 1e9)
+    assert c.shard_collective_s(b, "reduce-scatter") == pytest.approx(3e-5 + 0.75 * b / 1e9 + 2e-5 + (b / 4) / 1e9)
+    full = Cluster(world_size=8, replicas=8, bandwidth_Bps=1e9, latency_s=1e-5)
+    assert full.shard_collective_s(b) == 0.0
+    assert full.shard_collective_s(b, "reduce-scatter") == pytest.approx(Cluster(world_size=8, bandwidth_Bps=1e9,
+                                                                                 latency_s=1e-5).allreduce_s(b))
+    assert Cluster.from_json({k: v for k, v in c.to_json().items() if k != "replicas"}).replicas == 1
+    assert Cluster.from_json(c.to_json()) == c
+    with pytest.raises(SchedoptError, match="divides the world size 8, got 3"):
+        Cluster(world_size=8, replicas=3, bandwidth_Bps=1e9)
+    graph = chain(4)
+    problem = Problem(graph=graph, cluster=c, mode="sharded")
+    t = simulate(problem, get("fsdp-root")(problem))
+    assert t.memory[0][1] == pytest.approx(graph.total_param_bytes / 4)  # a quarter of the one unit, at rest
+    total = graph.total_param_bytes
+    assert t.comm_s == pytest.approx(c.shard_collective_s(total) + c.shard_collective_s(total, "reduce-scatter"))
+    with pytest.raises(SchedoptError, match="replicas .HSDP. apply to sharded plans"):
+        Problem(graph=graph, cluster=c, mode="barrier")
+
+
 @st.composite
 def sharded_cases(draw):
     graph = chain(draw(st.integers(2, 5)), width=draw(st.sampled_from([64, 256, 1024])))
@@ -214,7 +240,8 @@ def sharded_cases(draw):
     units = build_units(graph, groups, reshard=[draw(st.booleans()) for _ in groups],
                         prefetch_forward=draw(st.integers(0, 3)), prefetch_backward=draw(st.integers(0, 3)))
     units = [replace(u, reshard_after_forward=False) if u is units[-1] else u for u in units]
-    cluster = Cluster(world_size=draw(st.sampled_from([2, 8, 64])),
+    world = draw(st.sampled_from([2, 8, 64]))
+    cluster = Cluster(world_size=world, replicas=draw(st.sampled_from([r for r in (1, 1, 2, 8, 64) if world % r == 0])),
                       bandwidth_Bps=draw(st.sampled_from([1e9, 12.5e9, 100e9])),
                       latency_s=draw(st.sampled_from([0.0, 5e-6, 50e-6])), call_s=draw(st.sampled_from([0.0, 1e-5])),
                       interference=draw(st.sampled_from([0.0, 0.3])), backend=draw(st.sampled_from(["nccl", "gloo"])),
@@ -238,7 +265,7 @@ def test_the_sharded_bounds_of_time_and_memory_never_exceed_a_plan(case):
     assert sharded_lower_bound(at_peak) <= t.iteration_s * (1 + 1e-9)
     assert fewest_units(at_peak) <= len(plan.units)  # the budget caps each unit's size, so how few fit
     assert t.peak_memory_bytes >= memory_floor(problem)[0] * (1 - 1e-9)
-    assert memory_floor(problem)[0] > problem.graph.total_param_bytes / problem.cluster.world_size
+    assert memory_floor(problem)[0] > problem.graph.total_param_bytes / problem.cluster.shard_group
 
 
 def test_every_sharded_solver_keeps_to_the_budget_or_says_the_least_it_reaches():
@@ -323,6 +350,7 @@ def test_plans_round_trip_and_old_graphs_plan_only_the_root(tmp_path):
     (["--memory-budget", "lots"], "--memory-budget"),
     (["--memory-budget", "1KiB", "--solver", "fsdp-per-block"], "at the least"),
     (["--solver", "tictac"], "does not plan sharded mode"),
+    (["--solver", "fsdp-root", "--world-size", "8", "--replicas", "3"], "replicas must be a whole number that divides"),
 ])
 def test_bad_budgets_end_with_one_line_and_status_2(tmp_path, capsys, argv, expected):
     from schedopt.cli import main

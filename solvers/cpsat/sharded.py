@@ -218,7 +218,6 @@ class _Model:
         """The root unit: its own parameters and the atoms left to it, gathered first, kept, reduce-scattered
         at the end of the backward; each atom in it is one more part of its collectives (bandwidth only)."""
         d = self.data
-        n = self.problem.cluster.world_size
         cluster = self.problem.cluster
         beta = lambda nbytes, kind: round((cluster.shard_collective_s(nbytes, kind) - cluster.shard_collective_s(0, kind))
                                           / self.tick)
@@ -304,7 +303,7 @@ class _Model:
         if budget is None:
             return
         scale = 2**16  # bytes per memory unit (CP-SAT's coefficients stay small)
-        n = self.problem.cluster.world_size
+        n = self.problem.cluster.shard_group
         base = self.data.total_bytes / n
         cap = int((budget - base) // scale)
         for i, p in enumerate(self.points):
