@@ -13,6 +13,7 @@ baseline, FSDP2 per repeated block with its defaults (torchtitan's layout; it ig
     schedopt plan graph.json --mode sharded --solver cpsat --cluster cluster.json -o sharded.json
     SCHEDOPT_PLAN=sharded.json torchrun --nproc-per-node 2 examples/train.py gpt_tied --shard
     torchrun --nproc-per-node 2 examples/train.py gpt_tied --fsdp
+    torchrun --nproc-per-node 4 examples/train.py gpt_tied --fsdp --replicas 2     # HSDP: 2 replicas of 2
 
 With ``--compile`` the plan runs inside ``torch.compile`` (``schedopt.runtime.compile``: its op order
 too), and ``--ddp --compile`` is ``torch.compile`` of a DDP model (the compiled baseline; backend
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard", action="store_true", help="sharded: the plan in $SCHEDOPT_PLAN through FSDP2")
     parser.add_argument("--fsdp", action="store_true",
                         help="sharded baseline: FSDP2 per repeated block, its defaults (ignores $SCHEDOPT_PLAN)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="--shard, --fsdp: HSDP, the ranks as this many replicas on a 2-D mesh (default 1: FSDP)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile: the plan with schedopt's compiled runtime, or (with --ddp) the DDP model")
     parser.add_argument("--compile-backend", default="aot_eager",
@@ -155,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
         print("train.py: choose one of --ddp, --shard and --fsdp (--compile goes with a bucketed plan or --ddp)",
               file=sys.stderr)
         return 2
+    if args.replicas < 1 or args.replicas > 1 and not (args.shard or args.fsdp):
+        print("train.py: --replicas takes a whole number from 1, with --shard or --fsdp", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
@@ -166,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
     rank, world = dist.get_rank(), dist.get_world_size()
+    if world % args.replicas:
+        print(f"train.py: --replicas {args.replicas} does not divide the {world} ranks", file=sys.stderr)
+        return 2
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
         torch.manual_seed(args.seed)
@@ -179,11 +188,15 @@ def main(argv: list[str] | None = None) -> int:
                     p.register_post_accumulate_grad_hook(lambda _, cell=last_grad: cell.__setitem__(0, time.perf_counter()))
         plan = None if args.ddp or args.fsdp else os.environ.get("SCHEDOPT_PLAN")
         if args.shard or args.fsdp:
+            from torch.distributed.device_mesh import init_device_mesh
+
             from schedopt.runtime import shard  # FSDP2's imports, only where it runs
 
             if args.fsdp:
                 os.environ.pop("SCHEDOPT_PLAN", None)
-            ddp_model = shard(model)
+            mesh = None if args.replicas == 1 else init_device_mesh(
+                device.type, (args.replicas, world // args.replicas), mesh_dim_names=("replicate", "shard"))
+            ddp_model = shard(model, mesh=mesh)  # a 2-D mesh: HSDP, replicated over the first dimension
         elif args.ddp:
             ddp_model = torch.nn.parallel.DistributedDataParallel(model)
             if args.compile:

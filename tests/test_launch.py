@@ -143,6 +143,29 @@ def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path, mode):
         assert run["rank0_transfers"] == []
 
 
+def test_torchrun_applies_an_hsdp_plan_on_a_two_dimensional_mesh(tmp_path):
+    """``train.py --shard --replicas 2``: a plan made for 2 replicas (``--replicas 2``) through FSDP2 on
+    a (2, 1) mesh, quietly. A shard group of one rank issues no all-gather or reduce-scatter, so the
+    recorder (which wraps those) records none; the replicas' all-reduce is FSDP2's own, unrecorded. A
+    count that does not divide the ranks: one line."""
+    plan = tmp_path / "plan.json"
+    assert main(["plan", f"{MODELS_FILE}:tiny_gpt", "--mode", "sharded", "--solver", "fsdp-per-block",
+                 "--world-size", "2", "--replicas", "2", "-o", str(plan)]) == 0
+    out = tmp_path / "run.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "examples" / "train.py"), "tiny_gpt", "--shard", "--replicas", "2", "--steps", "2",
+           "--threads", "1", "--quiet", "--json", str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "SCHEDOPT_PLAN": str(plan)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "replicated over" not in done.stderr  # the mesh is laid out as the plan
+    run = json.loads(out.read_text())
+    assert run["kind"] == "schedopt-sharded" and run["rank0_collectives"] == [[], []]
+    bad = subprocess.run(cmd[:-2] + ["--replicas", "3"], env={**os.environ, "SCHEDOPT_PLAN": str(plan)},
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--replicas 3 does not divide the 2 ranks" in bad.stderr
+
+
 def test_profile_under_torchrun_times_every_rank_at_once(tmp_path):
     """Ranks that share a host slow each other: profiled on every rank at once, each op's median over them."""
     out = tmp_path / "g.json"
