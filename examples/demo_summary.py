@@ -9,7 +9,6 @@ and the ``--json`` output of ``examples/train.py`` run with it (``--ddp`` for th
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 from schedopt import Cluster, Plan, Problem, TrainGraph

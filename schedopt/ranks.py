@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidPlanError, UnitError
+from .errors import UnitError
 from .graph import TrainGraph
 from .plan import Plan, validate
 from .problem import Problem

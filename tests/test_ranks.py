@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from schedopt import Cluster, Problem, simulate
-from schedopt.errors import InvalidPlanError, SchedoptError, UnitError
+from schedopt.errors import SchedoptError, UnitError
 from schedopt.ranks import RankModel, simulate_ranks
 from schedopt.solvers import get
 from schedopt.synthetic import transformer_like
