@@ -7,8 +7,8 @@ all-reduces (their bytes and how long each ran, :func:`schedopt.cluster.calibrat
 every run in this project is measured, and what the rank model's mean period predicts), and every
 solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step per mode, its
 solver, and its speedup over the predicted DDP step. Traces of a sharded run (all-gathers,
-reduce-scatters: FSDP) are refused in one line; their op times still plan a sharded run
-(``schedopt import --trace``).
+reduce-scatters: FSDP) have a what-if of their own (:mod:`schedopt.whatif_sharded`); this one refuses
+them in one line.
 
 Every figure is the rank model's (:mod:`schedopt.ranks`): the trace's ranks, their op times varying as
 the traces say. Each rank's own speed: its mean compute per step over the reference rank's (the one
