@@ -129,6 +129,9 @@ def _add_cluster_options(parser: argparse.ArgumentParser, *, defaults: bool) -> 
     group.add_argument("--replicas", type=_positive_int, default=None,
                        help="sharded mode: HSDP, the ranks in this many replica groups, each unit sharded over "
                             "world-size / replicas ranks (default 1: FSDP)")
+    group.add_argument("--shard-network", choices=sorted(PRESETS), default=None,
+                       help="HSDP: the link inside a replica (e.g. nvlink), which its all-gathers and "
+                            "reduce-scatters use; --network is then the link across replicas")
     group.add_argument("--cluster", metavar="FILE", default=None,
                        help="a cluster JSON (from 'schedopt calibrate'); the options above override its fields")
 
@@ -152,6 +155,9 @@ def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
         overrides["algorithm"] = args.algorithm
     if args.replicas is not None:
         overrides["replicas"] = args.replicas
+    if args.shard_network is not None:
+        link = PRESETS[args.shard_network]
+        overrides.update(shard_bandwidth_Bps=link["bandwidth_Bps"], shard_latency_s=link["latency_s"])
     if not overrides:
         return base
     if "bandwidth_Bps" in overrides or "latency_s" in overrides:
@@ -722,6 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", choices=["ring", "tree"], default=None)
     p.add_argument("--replicas", type=_positive_int, default=None,
                    help="sharded mode: HSDP replica groups in every case (each world size a multiple of it)")
+    p.add_argument("--shard-network", choices=sorted(PRESETS), default=None,
+                   help="HSDP: the link inside a replica in every case (e.g. nvlink)")
     p.add_argument("--cluster", metavar="FILE", default=None,
                    help="a cluster JSON whose latency, call overhead and algorithm every case keeps")
     _add_problem_options(p)

@@ -92,6 +92,9 @@ class Cluster:
         replicas: sharded mode's HSDP (FSDP2 on a 2-D mesh): the ranks in ``replicas``
             groups, each unit sharded over :attr:`shard_group` (``world_size / replicas``)
             ranks and its reduced shards all-reduced across the replicas. 1 (default): FSDP.
+        shard_bandwidth_Bps, shard_latency_s: HSDP's link inside a replica (NVLink inside a
+            node, say), which its all-gathers and reduce-scatters use where not measured; the
+            all-reduce across replicas uses the cluster's own. None: the cluster's own for both.
 
     Example:
         >>> Cluster.preset("10gbe", world_size=8).allreduce_s(25 * 2**20) > 0.03
@@ -108,6 +111,8 @@ class Cluster:
     backend: Backend = "nccl"
     shard_costs: tuple[tuple[str, float, float], ...] | None = None
     replicas: int = 1
+    shard_bandwidth_Bps: float | None = None
+    shard_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         if (isinstance(self.world_size, bool) or not isinstance(self.world_size, int)
@@ -117,14 +122,19 @@ class Cluster:
                 or self.world_size % self.replicas):
             raise SchedoptError(f"replicas must be a whole number that divides the world size {self.world_size}, "
                                 f"got {self.replicas!r}")
-        if not (isinstance(self.bandwidth_Bps, (int, float)) and self.bandwidth_Bps > 0
-                and math.isfinite(self.bandwidth_Bps)):
-            raise UnitError(f"bandwidth_Bps must be a positive number, got {self.bandwidth_Bps!r}")
-        if not MIN_BANDWIDTH_BPS <= self.bandwidth_Bps <= MAX_BANDWIDTH_BPS:
-            raise UnitError(f"bandwidth_Bps must be from {MIN_BANDWIDTH_BPS:g} to {MAX_BANDWIDTH_BPS:g} B/s (1 kB/s to "
-                            f"1 PB/s), got {self.bandwidth_Bps!r}: a unit error?")
-        for field in ("latency_s", "call_s"):
+        for field in ("bandwidth_Bps", "shard_bandwidth_Bps"):
             value = getattr(self, field)
+            if value is None and field != "bandwidth_Bps":
+                continue
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise UnitError(f"{field} must be a positive number, got {value!r}")
+            if not MIN_BANDWIDTH_BPS <= value <= MAX_BANDWIDTH_BPS:
+                raise UnitError(f"{field} must be from {MIN_BANDWIDTH_BPS:g} to {MAX_BANDWIDTH_BPS:g} B/s (1 kB/s to "
+                                f"1 PB/s), got {value!r}: a unit error?")
+        for field in ("latency_s", "call_s", "shard_latency_s"):
+            value = getattr(self, field)
+            if value is None and field == "shard_latency_s":
+                continue
             if not (isinstance(value, (int, float)) and 0 <= value <= MAX_LATENCY_S and math.isfinite(value)):
                 raise UnitError(f"{field} must be a number from 0 to {MAX_LATENCY_S:g} s, got {value!r}")
         if not (isinstance(self.interference, (int, float)) and 0 <= self.interference <= 10
@@ -215,8 +225,9 @@ class Cluster:
         time = 0.0
         if n > 1:
             measured = {name: (fixed, per_byte) for name, fixed, per_byte in self.shard_costs or ()}
-            fixed, per_byte = measured.get(kind, (self.call_s + (n - 1) * self.latency_s,
-                                                  (n - 1) / n / self.bandwidth_Bps))
+            alpha = self.latency_s if self.shard_latency_s is None else self.shard_latency_s
+            bandwidth = self.bandwidth_Bps if self.shard_bandwidth_Bps is None else self.shard_bandwidth_Bps
+            fixed, per_byte = measured.get(kind, (self.call_s + (n - 1) * alpha, (n - 1) / n / bandwidth))
             time = fixed + per_byte * nbytes
         if kind == "reduce-scatter" and self.replicas > 1:
             time += replace(self, world_size=self.replicas, replicas=1).allreduce_s(nbytes / n)
@@ -230,7 +241,7 @@ class Cluster:
     def from_json(cls, data: dict[str, Any]) -> Cluster:
         """Rebuild a cluster from :meth:`to_json` output."""
         known = {"world_size", "bandwidth_Bps", "latency_s", "algorithm", "call_s", "name", "interference", "backend",
-                 "shard_costs", "replicas"}
+                 "shard_costs", "replicas", "shard_bandwidth_Bps", "shard_latency_s"}
         if not isinstance(data, dict) or "world_size" not in data or "bandwidth_Bps" not in data:
             raise SchedoptError(f"a cluster needs world_size and bandwidth_Bps, got {data!r}")
         return cls(**{k: v for k, v in data.items() if k in known})
@@ -267,6 +278,9 @@ class Cluster:
             + (f", compute {self.interference:.0%} slower during collectives" if self.interference else "")
             + (f", {self.backend} (collectives on the host)" if self.backend == "gloo" else "")
             + (f", HSDP: {self.replicas} replicas of {self.shard_group}" if self.replicas > 1 else "")
+            + (f" (inside each: {format_bandwidth(self.shard_bandwidth_Bps or self.bandwidth_Bps)}, alpha "
+               f"{format_duration(self.latency_s if self.shard_latency_s is None else self.shard_latency_s)})"
+               if self.shard_bandwidth_Bps is not None or self.shard_latency_s is not None else "")
         )
 
 

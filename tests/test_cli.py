@@ -105,7 +105,7 @@ def test_the_compare_and_sweep_tables_show_only_the_columns_the_mode_fills(graph
     shown = header(["compare", str(graph_file), "--solvers", "fsdp-per-block", "--mode", "sharded", *common])
     assert {"num_units", "peak_memory"} <= set(shown) and "num_buckets" not in shown
     shown = header(["sweep", str(graph_file), "--solvers", "fsdp-root", "--mode", "sharded", "--bandwidths", "1Gbps",
-                    "--world-sizes", "8", "--replicas", "2"])
+                    "--world-sizes", "8", "--replicas", "2", "--shard-network", "nvlink"])
     assert {"num_units", "peak_memory"} <= set(shown) and "num_buckets" not in shown
     assert main(["compare", str(graph_file), "--solvers", "pytorch-ddp", "--format", "csv", *common]) == 0
     assert "num_units" in capsys.readouterr().out.splitlines()[0]

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schedopt import Cluster, Plan, Problem, TrainGraph, simulate
-from schedopt.errors import InvalidPlanError, OverBudgetError, SchedoptError, SolverError
+from schedopt.errors import InvalidPlanError, OverBudgetError, SchedoptError, SolverError, UnitError
 from schedopt.graph import Op, Param
 from schedopt.modules import ModuleTree
 from schedopt.plan import SolverInfo, validate
@@ -203,7 +203,7 @@ def test_one_unit_without_reshard_moves_one_all_reduce_volume():
     assert simulate(problem, plan).comm_s == pytest.approx(cluster.allreduce_s(graph.total_param_bytes))
 
 
-def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas():
+def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas(tmp_path):
     """HSDP, 8 ranks as 2 replicas of 4: all-gathers and reduce-scatters over 4 ranks, then the reduced
     quarter all-reduced over 2; each rank holds a quarter of every unit. As many replicas as ranks is
     DDP's all-reduce of every byte."""
@@ -219,6 +219,14 @@ def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas():
     assert Cluster.from_json(c.to_json()) == c
     with pytest.raises(SchedoptError, match="divides the world size 8, got 3"):
         Cluster(world_size=8, replicas=3, bandwidth_Bps=1e9)
+    # a faster link inside each replica (NVLink in a node): the all-gathers and reduce-scatters take it,
+    # the all-reduce across the replicas the cluster's own
+    node = replace(c, shard_bandwidth_Bps=1e11, shard_latency_s=1e-6)
+    assert node.shard_collective_s(b) == pytest.approx(3e-6 + 0.75 * b / 1e11)
+    assert node.shard_collective_s(b, "reduce-scatter") == pytest.approx(3e-6 + 0.75 * b / 1e11 + 2e-5 + (b / 4) / 1e9)
+    assert Cluster.from_json(node.to_json()) == node and "inside each" in node.describe()
+    with pytest.raises(UnitError, match="shard_bandwidth_Bps must be a positive number"):
+        replace(c, shard_bandwidth_Bps=-1.0)
     graph = chain(4)
     problem = Problem(graph=graph, cluster=c, mode="sharded")
     t = simulate(problem, get("fsdp-root")(problem))
@@ -227,6 +235,14 @@ def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas():
     assert t.comm_s == pytest.approx(c.shard_collective_s(total) + c.shard_collective_s(total, "reduce-scatter"))
     with pytest.raises(SchedoptError, match="replicas .HSDP. apply to sharded plans"):
         Problem(graph=graph, cluster=c, mode="barrier")
+    from schedopt.cli import main
+
+    graph.save(tmp_path / "g.json")
+    assert main(["plan", str(tmp_path / "g.json"), "--mode", "sharded", "--solver", "fsdp-per-block", "--world-size",
+                 "8", "--network", "100gbe", "--replicas", "2", "--shard-network", "nvlink",
+                 "-o", str(tmp_path / "p.json")]) == 0
+    planned = Plan.load(tmp_path / "p.json").cluster
+    assert (planned.replicas, planned.shard_bandwidth_Bps, planned.bandwidth_Bps) == (2, 300e9, 12.5e9)
 
 
 @st.composite
@@ -242,6 +258,7 @@ def sharded_cases(draw):
     units = [replace(u, reshard_after_forward=False) if u is units[-1] else u for u in units]
     world = draw(st.sampled_from([2, 8, 64]))
     cluster = Cluster(world_size=world, replicas=draw(st.sampled_from([r for r in (1, 1, 2, 8, 64) if world % r == 0])),
+                      shard_bandwidth_Bps=draw(st.sampled_from([None, 3e11])),
                       bandwidth_Bps=draw(st.sampled_from([1e9, 12.5e9, 100e9])),
                       latency_s=draw(st.sampled_from([0.0, 5e-6, 50e-6])), call_s=draw(st.sampled_from([0.0, 1e-5])),
                       interference=draw(st.sampled_from([0.0, 0.3])), backend=draw(st.sampled_from(["nccl", "gloo"])),
