@@ -181,11 +181,15 @@ def solver_quality_summary() -> dict[str, Any]:
             "per_mode": {m: len(rs) for m, rs in by_mode.items()}}
 
 
-def sharded_section() -> list[str]:
-    data = load("sharded.json")
+def sharded_section(name: str = "sharded.json") -> list[str]:
+    data = load(name)
     rows, args = data["rows"], data["arguments"]
-    lines = ["## Sharded plans (FSDP2 units) on simulated clusters", "",
-             f"`python bench/sharded.py --time-limit {args['time_limit']:g} --seed {args['seed']}` (A100 op costs):"
+    hsdp = args.get("replicas", 1) > 1
+    flags = "".join(f" --{k.replace('_', '-')} {args[k]}" for k in ("models", "world_sizes", "networks", "fractions",
+                                                                     "replicas", "shard_network")
+                    if hsdp and args.get(k) is not None)
+    lines = [("## HSDP: the same, as replicas" if hsdp else "## Sharded plans (FSDP2 units) on simulated clusters"), "",
+             f"`python bench/sharded.py --time-limit {args['time_limit']:g} --seed {args['seed']}{flags}` (A100 op costs):"
              " each sharded solver's step (ms) and peak memory per rank, under a budget of 100% or 60% of"
              " `fsdp-per-block`'s peak or none (every unit may stay unsharded); `over` where a solver has no plan within the budget (its one line is in"
              " the JSON); cpsat's proven bound (the simulator's sharded lower bound, valid for every plan within"
@@ -214,7 +218,24 @@ def sharded_section() -> list[str]:
                       f"{r['model']} {r['world_size']} x {r['network']} at {r['budget_fraction']:.0%}, "
                       f"{r['memory_budget_bytes'] / 2**20:.0f} < {r['memory_floor_bytes'] / 2**20:.0f} MiB" for r in below)
                   + "."]
+    if hsdp:
+        return lines + [""] + _hsdp_against_fsdp(rows)
     return lines + ["", "![step against budget](../bench/results/sharded.png) (`--plot`)", ""]
+
+
+def hsdp_section() -> list[str]:
+    return sharded_section("sharded_hsdp.json") if (RESULTS / "sharded_hsdp.json").exists() else []
+
+
+def _hsdp_against_fsdp(rows: list[dict]) -> list[str]:
+    """One line per case with no budget: cpsat's HSDP step and peak against its FSDP one (``sharded.json``)."""
+    fsdp = {(r["model"], r["world_size"], r["network"]): r for r in load("sharded.json")["rows"]
+            if r["budget_fraction"] is None}
+    pairs = [(r, fsdp.get((r["model"], r["world_size"], r["network"]))) for r in rows if r["budget_fraction"] is None]
+    return ["With no budget, cpsat as HSDP against cpsat as FSDP over every rank (`sharded.json`): " + "; ".join(
+        f"{r['model']} {r['world_size']} x {r['network']} {ms(r['cpsat_s'])} against {ms(f['cpsat_s'])} ms "
+        f"({f['cpsat_s'] / r['cpsat_s']:.3f}x) at {r['cpsat_peak_bytes'] / 2**20:.0f} against "
+        f"{f['cpsat_peak_bytes'] / 2**20:.0f} MiB" for r, f in pairs if f and r["cpsat_s"] and f["cpsat_s"]) + ".", ""]
 
 
 def sharded_summary() -> dict[str, Any]:
@@ -361,7 +382,8 @@ def eager_solver_quality_section() -> list[str]:
 
 
 SECTIONS: tuple[Callable[[], list[str]], ...] = (
-    solver_quality_section, eager_solver_quality_section, sharded_section, execution_section, stragglers_section, testbed_section,
+    solver_quality_section, eager_solver_quality_section, sharded_section, hsdp_section, execution_section,
+    stragglers_section, testbed_section,
     diagnose_section, accuracy_section, overhead_section, steady_state_section)
 
 

@@ -11,6 +11,8 @@ peak any plan can hold (:func:`schedopt.shard_sim.memory_floor`), whether cpsat 
 slower than the best baseline within the same budget, in how many cases it was at least 1.15x
 ``fsdp-per-block`` at no more memory, and its gap to the bound where the budget lets every unit stay
 unsharded. ``--plot`` draws each solver's step against the memory its plans hold, with the budgets.
+``--replicas R [--shard-network nvlink]``: the same as HSDP, R replicas per case, their inside link
+the named one (``bench/results/sharded_hsdp.json``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from schedopt import Cluster, Problem
+from schedopt.cluster import PRESETS
 from schedopt.errors import SolverError
 from schedopt.shard_sim import memory_floor, sharded_lower_bound
 from schedopt.solvers import get, solvers_for
@@ -40,17 +43,24 @@ def graph_of(name: str):
     return cached_graph(name, "a100")
 
 
-def run_case(graph, n: int, net: str, fraction: float, per_block: tuple[float, float], time_limit: float,
+def cluster_of(net: str, n: int, args: argparse.Namespace) -> Cluster:
+    """The case's cluster: the preset at ``n`` ranks, as ``--replicas`` HSDP replicas where given, their
+    inside link ``--shard-network``'s."""
+    inside = PRESETS[args.shard_network] if args.shard_network else {}
+    return Cluster.preset(net, world_size=n, replicas=args.replicas, shard_bandwidth_Bps=inside.get("bandwidth_Bps"),
+                          shard_latency_s=inside.get("latency_s"))
+
+
+def run_case(graph, cluster: Cluster, net: str, fraction: float, per_block: tuple[float, float], time_limit: float,
              seed: int) -> dict:
     """One case; ``per_block``: fsdp-per-block's step and peak with no budget."""
     per_block_s, per_block_peak = per_block
     # per-block's own plan fits the 100% budget; none: every unit may stay unsharded (barrier-like)
     budget = None if fraction is None else math.ceil(per_block_peak * fraction)
-    problem = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode="sharded",
-                      memory_budget_bytes=budget)
+    problem = Problem(graph=graph, cluster=cluster, mode="sharded", memory_budget_bytes=budget)
     floor = memory_floor(problem)[0]
-    row = {"model": graph.name, "world_size": n, "network": net, "budget_fraction": fraction,
-           "memory_budget_bytes": budget, "memory_floor_bytes": floor}
+    row = {"model": graph.name, "world_size": cluster.world_size, "network": net, "replicas": cluster.replicas,
+           "budget_fraction": fraction, "memory_budget_bytes": budget, "memory_floor_bytes": floor}
     # the least step of any plan within the budget and fsdp-per-block's own peak: what "faster at no
     # more memory" can reach at most (None: no plan fits)
     cap = per_block_peak if budget is None else min(budget, per_block_peak)
@@ -145,6 +155,9 @@ def main() -> int:
     parser.add_argument("--networks", default="100gbe,ib-hdr")
     parser.add_argument("--fractions", default="1.0,0.6,none",
                         help="budgets, as shares of fsdp-per-block's peak; none: no budget (barrier-like)")
+    parser.add_argument("--replicas", type=int, default=1, help="HSDP: the ranks as this many replicas (default 1)")
+    parser.add_argument("--shard-network", choices=sorted(PRESETS), default=None,
+                        help="HSDP: the link inside a replica (default: the case's network)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="cpsat's, per case")
     parser.add_argument("--seed", type=int, default=0, help="every solver's seed (default 0)")
     parser.add_argument("--json", help="also write the rows here, with the commit and the machine")
@@ -158,11 +171,11 @@ def main() -> int:
         graph = graph_of(model)
         for n in map(int, args.world_sizes.split(",")):
             for net in args.networks.split(","):
-                free = Problem(graph=graph, cluster=Cluster.preset(net, world_size=n), mode="sharded")
-                predicted = get("fsdp-per-block")(free).predicted
+                cluster = cluster_of(net, n, args)
+                predicted = get("fsdp-per-block")(Problem(graph=graph, cluster=cluster, mode="sharded")).predicted
                 per_block = (predicted.iteration_s, predicted.peak_memory_bytes)
                 for fraction in (None if f == "none" else float(f) for f in args.fractions.split(",")):
-                    row = run_case(graph, n, net, fraction, per_block, args.time_limit, args.seed)
+                    row = run_case(graph, cluster, net, fraction, per_block, args.time_limit, args.seed)
                     rows.append(row)
 
                     def cell(name: str) -> str:
