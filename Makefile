@@ -49,6 +49,12 @@ demo: setup
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --ddp --threads 1 --steps 8 --quiet --json $(OUT)/ddp_run.json
 	SCHEDOPT_PLAN=$(OUT)/train_plan.json $(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --threads 1 --steps 8 --quiet --json $(OUT)/schedopt_run.json
 	$(PY) examples/demo_summary.py $(OUT)/train_graph.json $(OUT)/cluster.json $(OUT)/ddp_plan.json:$(OUT)/ddp_run.json $(OUT)/train_plan.json:$(OUT)/schedopt_run.json
+	# sharded through torch's FSDP2: per block (torchtitan's layout) and a cpsat plan within per block's peak (35.7 MiB)
+	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --mode sharded --solver fsdp-per-block --cluster $(OUT)/cluster.json -o $(OUT)/fsdp_plan.json
+	$(VENV)/bin/schedopt plan $(OUT)/train_graph.json --mode sharded --solver cpsat --memory-budget 36MiB --time-limit 10 --cluster $(OUT)/cluster.json -o $(OUT)/sharded_plan.json
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --fsdp --threads 1 --steps 8 --quiet --json $(OUT)/fsdp_run.json
+	SCHEDOPT_PLAN=$(OUT)/sharded_plan.json $(VENV)/bin/torchrun --standalone --nproc-per-node 2 examples/train.py gpt_tied --shard --threads 1 --steps 8 --quiet --json $(OUT)/sharded_run.json
+	$(PY) examples/demo_summary.py $(OUT)/train_graph.json $(OUT)/cluster.json $(OUT)/fsdp_plan.json:$(OUT)/fsdp_run.json $(OUT)/sharded_plan.json:$(OUT)/sharded_run.json
 
 bench: setup
 	$(PY) bench/import_speed.py

@@ -102,4 +102,4 @@ def test_the_demo_summary_puts_each_run_beside_its_prediction_and_ddp(tmp_path):
     assert ours[:3] == ["schedopt", "horovod", "160.0ms"] and ours[5] == "1.250x" and ours[-2:] == ["144-176", "ms"]
     predicted = float(ours[6].strip("()x"))
     assert predicted == pytest.approx(float(ddp[3].removesuffix("ms")) / float(ours[3].removesuffix("ms")), rel=2e-3)
-    assert "one launch each" in lines[-1]
+    assert "one launch each" in lines[-1] and "vs ddp" in lines[0]
