@@ -122,9 +122,9 @@ class Cluster:
                 or self.world_size % self.replicas):
             raise SchedoptError(f"replicas must be a whole number that divides the world size {self.world_size}, "
                                 f"got {self.replicas!r}")
-        for field in ("bandwidth_Bps", "shard_bandwidth_Bps"):
+        for field in ("bandwidth_Bps", "shard_bandwidth_Bps"):  # the second is optional (None: the first)
             value = getattr(self, field)
-            if value is None and field != "bandwidth_Bps":
+            if value is None and field.startswith("shard_"):
                 continue
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise UnitError(f"{field} must be a positive number, got {value!r}")
@@ -133,7 +133,7 @@ class Cluster:
                                 f"1 PB/s), got {value!r}: a unit error?")
         for field in ("latency_s", "call_s", "shard_latency_s"):
             value = getattr(self, field)
-            if value is None and field == "shard_latency_s":
+            if value is None and field.startswith("shard_"):
                 continue
             if not (isinstance(value, (int, float)) and 0 <= value <= MAX_LATENCY_S and math.isfinite(value)):
                 raise UnitError(f"{field} must be a number from 0 to {MAX_LATENCY_S:g} s, got {value!r}")
@@ -227,8 +227,11 @@ class Cluster:
             measured = {name: (fixed, per_byte) for name, fixed, per_byte in self.shard_costs or ()}
             alpha = self.latency_s if self.shard_latency_s is None else self.shard_latency_s
             bandwidth = self.bandwidth_Bps if self.shard_bandwidth_Bps is None else self.shard_bandwidth_Bps
-            fixed, per_byte = measured.get(kind, (self.call_s + (n - 1) * alpha, (n - 1) / n / bandwidth))
-            time = fixed + per_byte * nbytes
+            if kind in measured:
+                fixed, per_byte = measured[kind]
+                time = fixed + per_byte * nbytes
+            else:
+                time = self.call_s + (n - 1) * alpha + (n - 1) / n * nbytes / bandwidth
         if kind == "reduce-scatter" and self.replicas > 1:
             time += replace(self, world_size=self.replicas, replicas=1).allreduce_s(nbytes / n)
         return time

@@ -94,8 +94,9 @@ def perfect_overlap_s(problem: Problem) -> float:
 
     from .simulate import lower_bound
 
-    quiet = replace(problem.cluster, interference=0.0, replicas=1)
-    return lower_bound(replace(problem, cluster=quiet, mode="overlap", memory_budget_bytes=None))
+    replicated = _replicated(problem)  # a sharded problem's graph and cluster, replicated
+    quiet = replace(replicated.cluster, interference=0.0)
+    return lower_bound(replace(replicated, cluster=quiet, mode="overlap"))
 
 
 def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:

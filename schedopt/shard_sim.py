@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, repeat
 
@@ -48,8 +48,8 @@ from .runs import Sides, joint_runs, least_runs
 from .sharding import Geometry
 from .steady import Machine, StepProgram, least_span
 
-__all__ = ["ShardedStep", "run_sharded_step", "sharded_step_program", "peak_memory", "sharded_lower_bound",
-           "memory_floor", "regathered_bytes", "fewest_units"]
+__all__ = ["ShardedStep", "collective_costs", "run_sharded_step", "sharded_step_program", "peak_memory",
+           "sharded_lower_bound", "memory_floor", "regathered_bytes", "fewest_units"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
 
@@ -120,6 +120,24 @@ def _hooks(geometry: Geometry) -> tuple[dict, dict, dict, dict, dict]:
     return issue, wait, grad_first, reshard, post
 
 
+def collective_costs(cluster: Cluster) -> tuple[Callable[[float], float], Callable[[float], float]]:
+    """(all-gather, reduce-scatter) time of B unsharded bytes on ``cluster`` (affine in B)."""
+    return (lambda b: cluster.shard_collective_s(b, "all-gather"),
+            lambda b: cluster.shard_collective_s(b, "reduce-scatter"))
+
+
+def _blocking(cluster: Cluster, plan: Plan) -> tuple[bool, bool]:
+    """(whether an all-gather blocks the host, whether a reduce-scatter does): on gloo the host runs the
+    collectives, FSDP2's reduce-scatter blocks it, and so does an all-gather unless issued
+    asynchronously; on nccl neither (their own streams)."""
+    host = cluster.backend == "gloo"
+    return host and not plan.async_unshard, host
+
+
+def _collective_s(cluster: Cluster, geometry: Geometry, kind: str, unit: int) -> float:
+    return cluster.shard_collective_s(geometry.nbytes[unit], "reduce-scatter" if kind == RS else "all-gather")
+
+
 def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> ShardedStep:
     """Simulate one step of a sharded plan (see the module docstring)."""
     geometry = Geometry(graph, plan.order, plan.units)
@@ -130,16 +148,12 @@ def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Sharded
     ends: dict[tuple[str, int], float] = {}
 
     def send(kind: str, i: int, at: float) -> float:
-        cost = cluster.shard_collective_s(geometry.nbytes[i], "reduce-scatter" if kind == RS else "all-gather")
-        issued, start, end = machine.send(at, cost)
+        issued, start, end = machine.send(at, _collective_s(cluster, geometry, kind, i))
         step.collectives.append((kind, i, issued, start, end))
         ends[(kind, i)] = end
         return end
 
-    # gloo: the host runs the collectives; FSDP2's reduce-scatter blocks it, and so does an all-gather
-    # unless issued asynchronously (nccl: both on their own streams)
-    host = cluster.backend == "gloo"
-    gather_blocks = host and not plan.async_unshard
+    gather_blocks, host = _blocking(cluster, plan)
     for j, op_id in enumerate(geometry.compute_ops):
         for _, i, kind in issue.get(j, ()):
             i = abs(i)
@@ -185,8 +199,7 @@ def sharded_step_program(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Ste
     no variation the program's step is the walker's (a test checks it on random plans)."""
     geometry = Geometry(graph, plan.order, plan.units)
     issue, wait, _, _, post = _hooks(geometry)
-    host = cluster.backend == "gloo"
-    gather_blocks = host and not plan.async_unshard
+    gather_blocks, host = _blocking(cluster, plan)
     ready: list[int] = []
     time: list[float] = []
     settle: dict[int, list[int]] = {}
@@ -195,7 +208,7 @@ def sharded_step_program(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Ste
     def send(kind: str, i: int, after: int, blocks: bool) -> None:
         bucket[(kind, i)] = len(ready)
         ready.append(after)
-        time.append(cluster.shard_collective_s(geometry.nbytes[i], "reduce-scatter" if kind == RS else "all-gather"))
+        time.append(_collective_s(cluster, geometry, kind, i))
         if blocks:
             settle.setdefault(after + 1, []).append(bucket[(kind, i)])
 
@@ -264,8 +277,7 @@ def _lower_bound(problem: Problem) -> float:
     first_read = {p: min(t["forward"]) for p, t in touches.items() if t["forward"]}
     last_grad = {p: max(t["grads"]) for p, t in touches.items() if t["grads"]}
     nbytes = {p: graph.params[p].nbytes for p in graph.params}
-    gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
-    scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
+    gather, scatter = collective_costs(cluster)
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
     reads = [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)]
     grads = [(b, after[backward] - after[k + 1]) for k, b in _running_bytes(last_grad, nbytes, reverse=True)]

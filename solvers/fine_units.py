@@ -33,7 +33,7 @@ from schedopt.orders import engine_order
 from schedopt.plan import Plan, SolverInfo
 from schedopt.problem import Problem
 from schedopt.runs import Sides, joint_runs
-from schedopt.shard_sim import peak_memory
+from schedopt.shard_sim import collective_costs, peak_memory
 from schedopt.sharding import Geometry, Unit
 from schedopt.simulate import simulate
 
@@ -54,9 +54,7 @@ def pipelined_plan(problem: Problem) -> Plan | None:
     durations = [graph.ops[o].duration_s for o in geometry.compute_ops]
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
     backward = geometry.backward_start
-    gather = lambda b: cluster.shard_collective_s(b, "all-gather")  # noqa: E731
-    scatter = lambda b: cluster.shard_collective_s(b, "reduce-scatter")  # noqa: E731
-    sides = Sides.of(gather, scatter, np.cumsum(geometry.nbytes, dtype=float),
+    sides = Sides.of(*collective_costs(cluster), np.cumsum(geometry.nbytes, dtype=float),
                      lead_f=[after[s.forward_first] - after[backward] for s in geometry.spans],
                      lead_b=[after[backward] - after[s.backward_last + 1] for s in geometry.spans],
                      floor_f=after[0] - after[backward], floor_b=after[backward])
