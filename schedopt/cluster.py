@@ -232,9 +232,17 @@ class Cluster:
                 time = fixed + per_byte * nbytes
             else:
                 time = self.call_s + (n - 1) * alpha + (n - 1) / n * nbytes / bandwidth
-        if kind == "reduce-scatter" and self.replicas > 1:
-            time += replace(self, world_size=self.replicas, replicas=1).allreduce_s(nbytes / n)
+        if kind == "reduce-scatter":
+            time += self.replica_allreduce_s(nbytes)
         return time
+
+    def replica_allreduce_s(self, nbytes: float) -> float:
+        """The part of a reduce-scatter of ``nbytes`` unsharded bytes that crosses the HSDP replicas: the
+        all-reduce of its ``nbytes / n`` reduced bytes among the :attr:`replicas` ranks that hold the
+        same shard (0 without replicas)."""
+        if self.replicas == 1:
+            return 0.0
+        return replace(self, world_size=self.replicas, replicas=1).allreduce_s(nbytes / self.shard_group)
 
     def to_json(self) -> dict[str, Any]:
         """Return the JSON form used inside plans."""

@@ -112,16 +112,22 @@ def _sigma(cv: float) -> float:
 
 
 class _Ranks:
-    """The ranks' clocks: each position's work from each rank's clock, slowed by the channel's busy
-    intervals (one :class:`.steady.Machine` per rank over shared lists) when there is interference."""
+    """The ranks' clocks and channels. The ranks split into ``groups`` groups of consecutive ranks (HSDP's
+    shard groups; one group otherwise), each with its own FIFO channel: a chunk is issued in a group when
+    its last rank issues it, and the part of it that crosses the groups (``cross``) starts when every
+    group has done the rest. With interference, each position's work runs from each rank's clock, slowed
+    by its group's busy intervals (one :class:`.steady.Machine` per rank over its group's lists)."""
 
-    def __init__(self, ranks: int, interference: float) -> None:
+    def __init__(self, ranks: int, groups: int, interference: float) -> None:
         self.t = np.zeros(ranks)
+        self.by_group = self.t.reshape(groups, ranks // groups)  # a view: row g, group g's clocks
+        self.issued, self.channel = np.zeros(groups), np.zeros(groups)
+        self.busy_start: list[list] = [[] for _ in range(groups)]
+        self.busy_end: list[list] = [[] for _ in range(groups)]
         self.machines = [Machine(interference) for _ in range(ranks)] if interference > 0 else []
-        self.busy_start: list = []
-        self.busy_end: list = []
-        for m in self.machines:
-            m.busy_start, m.busy_end = self.busy_start, self.busy_end
+        for r, m in enumerate(self.machines):
+            g = r * groups // ranks
+            m.busy_start, m.busy_end = self.busy_start[g], self.busy_end[g]
 
     def run(self, work: np.ndarray) -> None:
         if not self.machines:
@@ -130,55 +136,79 @@ class _Ranks:
         for r, m in enumerate(self.machines):
             self.t[r] = m.advance(self.t[r], work[r])
 
-    def wait(self, until: float) -> None:
-        np.maximum(self.t, until, out=self.t)
+    def wait(self, until: np.ndarray) -> None:
+        """Each group's ranks wait until its entry of ``until``."""
+        np.maximum(self.by_group, until[:, None], out=self.by_group)
 
-    def busy(self, start: float, end: float) -> None:
-        self.busy_start.append(start)
-        self.busy_end.append(end)
+    def send(self, duration: float, cross: float) -> np.ndarray:
+        """Send the next chunk, issued now; its end in each group."""
+        np.maximum(self.issued, self.by_group.max(axis=1), out=self.issued)
+        begin = np.maximum(self.issued, self.channel)
+        if cross and len(self.channel) > 1:
+            local = begin + (duration - cross)
+            start = float(local.max())
+            self.channel[:] = start + cross
+            for g in range(len(begin)):
+                self._busy(g, begin[g], local[g])
+                self._busy(g, start, self.channel[g])
+        else:
+            self.channel = begin + duration
+            for g in range(len(begin)):
+                self._busy(g, begin[g], self.channel[g])
+        return self.channel.copy()
+
+    def _busy(self, g: int, start: float, end: float) -> None:
+        if self.machines:
+            self.busy_start[g].append(start)
+            self.busy_end[g].append(end)
 
 
 def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None = None) -> RankRun:
     """Run ``program`` on ``model.ranks`` ranks (see the module docstring); a lag of 0 settles a bucket
-    on this step's collectives (``barrier``)."""
+    on this step's collectives (``barrier``).
+
+    Raises:
+        UnitError: ranks that do not split into the program's groups (one rank stands for every group).
+    """
     work, settle, update = np.asarray(program.work, float), program.settle, np.asarray(program.update, float)
+    groups = program.groups if model.ranks > 1 else 1
+    if model.ranks % groups:
+        raise UnitError(f"{model.ranks} ranks do not split into the plan's {groups} replicas: give the rank model a "
+                        f"multiple of {groups} ranks")
     if max_steps is None:
         max_steps = min(4000, max(MAX_RANK_STEPS, _CHEAP_STEPS // max(1, (len(work) + len(update)) * model.ranks)))
     chunk_ready, chunk_bucket, chunk_time = program.chunk_ready, program.chunk_bucket, program.chunk_time
+    cross = program.chunk_cross or [0.0] * len(chunk_time)
     n, num_chunks, num_buckets = len(work), len(chunk_time), len(update)
     lag = program.lag or [1] * num_buckets
     rng = np.random.default_rng(model.seed)
     s_op, s_step = _sigma(model.op_spread), _sigma(model.step_spread)
     scale = np.asarray(model.rank_scale, float) if model.rank_scale else None
-    ranks = _Ranks(model.ranks, program.interference)
-    history: list[list[float]] = []
+    ranks = _Ranks(model.ranks, groups, program.interference)
+    never = np.zeros(groups)
+    history: list[np.ndarray] = []
     clocks: list[float] = [0.0]
-    issued = channel = 0.0
     for step in range(max_steps):
         f = np.exp(s_op * rng.standard_normal((n + num_buckets, model.ranks)) + s_step * rng.standard_normal(model.ranks)
                    - (s_op * s_op + s_step * s_step) / 2)  # mean 1
         if scale is not None:
             f *= scale
         w, u = work[:, None] * f[:n], update[:, None] * f[n:]
-        done = [0.0] * num_buckets
+        done = np.zeros((num_buckets, groups))
         c = 0
         for j in range(-1, n + 1):
             if j >= 0:
                 for k in settle.get(j, ()):
                     if lag[k] and not step:
                         continue
-                    ready = done[k] if lag[k] == 0 else history[-lag[k]][k] if len(history) >= lag[k] else 0.0
-                    ranks.wait(ready)
+                    ranks.wait(done[k] if lag[k] == 0 else history[-lag[k]][k] if len(history) >= lag[k] else never)
                     ranks.run(u[k])
                 if j == n:
                     break
                 ranks.run(w[j])
             while c < num_chunks and chunk_ready[c] <= j:  # issued by the last rank, FIFO
-                issued = max(issued, float(ranks.t.max()))
-                begin = max(issued, channel)
-                channel = begin + chunk_time[c]
-                ranks.busy(begin, channel)
-                done[chunk_bucket[c]] = max(done[chunk_bucket[c]], channel)
+                k = chunk_bucket[c]
+                np.maximum(done[k], ranks.send(chunk_time[c], cross[c]), out=done[k])
                 c += 1
         history = [*history[-1:], done]
         clocks.append(float(ranks.t.mean()))

@@ -138,6 +138,11 @@ def _collective_s(cluster: Cluster, geometry: Geometry, kind: str, unit: int) ->
     return cluster.shard_collective_s(geometry.nbytes[unit], "reduce-scatter" if kind == RS else "all-gather")
 
 
+def _cross_s(cluster: Cluster, geometry: Geometry, kind: str, unit: int) -> float:
+    """The part of :func:`_collective_s` that crosses HSDP's replicas (their all-reduce after a reduce-scatter)."""
+    return cluster.replica_allreduce_s(geometry.nbytes[unit]) if kind == RS else 0.0
+
+
 def run_sharded_step(graph: TrainGraph, plan: Plan, cluster: Cluster) -> ShardedStep:
     """Simulate one step of a sharded plan (see the module docstring)."""
     geometry = Geometry(graph, plan.order, plan.units)
@@ -195,13 +200,16 @@ def sharded_step_program(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Ste
     every collective a bucket of one chunk, issued after the position before its hook (an all-gather)
     or after its post-backward op (a reduce-scatter), in the walker's order; settled (lag 0, no update)
     where the stream waits for it: before the op that needs its unit, right after it where the host
-    runs it blocking (gloo), and every one before the optimizer, the last position. On one rank with
-    no variation the program's step is the walker's (a test checks it on random plans)."""
+    runs it blocking (gloo), and every one before the optimizer, the last position. With HSDP replicas
+    the ranks are the replicas' shard groups, and a reduce-scatter's replica all-reduce crosses them
+    (``groups``, ``chunk_cross``). On one rank with no variation the program's step is the walker's (a
+    test checks it on random plans)."""
     geometry = Geometry(graph, plan.order, plan.units)
     issue, wait, _, _, post = _hooks(geometry)
     gather_blocks, host = _blocking(cluster, plan)
     ready: list[int] = []
     time: list[float] = []
+    cross: list[float] = []
     settle: dict[int, list[int]] = {}
     bucket: dict[tuple[str, int], int] = {}
 
@@ -209,6 +217,7 @@ def sharded_step_program(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Ste
         bucket[(kind, i)] = len(ready)
         ready.append(after)
         time.append(_collective_s(cluster, geometry, kind, i))
+        cross.append(_cross_s(cluster, geometry, kind, i))
         if blocks:
             settle.setdefault(after + 1, []).append(bucket[(kind, i)])
 
@@ -222,7 +231,8 @@ def sharded_step_program(graph: TrainGraph, plan: Plan, cluster: Cluster) -> Ste
     work = [graph.ops[o].duration_s for o in geometry.compute_ops] + [graph.totals.optimizer_s]
     return StepProgram(work=work, settle={j: ks for j, ks in settle.items() if ks}, update=[0.0] * len(ready),
                        chunk_ready=ready, chunk_bucket=list(range(len(ready))), chunk_time=time,
-                       interference=cluster.effective_interference, lag=[0] * len(ready))
+                       interference=cluster.effective_interference, lag=[0] * len(ready),
+                       groups=cluster.replicas, chunk_cross=cross)
 
 
 def peak_memory(graph: TrainGraph, plan: Plan) -> tuple[float, float, str]:

@@ -123,6 +123,11 @@ class StepProgram:
     k's update work. Chunks in collective order: ``chunk_ready[c]``, the position after whose end
     chunk c may be issued (-1: at the start of the step); ``chunk_bucket[c]``; ``chunk_time[c]``,
     its time on the wire.
+
+    Only the rank model (:mod:`.ranks`) reads ``groups`` and ``chunk_cross``: the ranks split into
+    ``groups`` groups of consecutive ranks (HSDP's shard groups), each with its own channel, and the
+    last ``chunk_cross[c]`` of chunk c's time crosses them (the replicas' all-reduce after a
+    reduce-scatter). One rank runs a chunk's whole time on its one channel either way.
     """
 
     work: Sequence
@@ -134,6 +139,8 @@ class StepProgram:
     interference: float = 0.0
     #: per bucket, the steps back whose collective its settle waits for (1; 2 for osp's stage 2)
     lag: Sequence[int] | None = None
+    groups: int = 1
+    chunk_cross: Sequence | None = None
 
 
 @dataclass(frozen=True, slots=True)

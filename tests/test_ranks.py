@@ -107,6 +107,41 @@ def test_sharded_plans_wait_for_the_slowest_rank(graph):
     assert periods[0] < periods[1] < periods[2] and periods[0] == pytest.approx(one, rel=0.03)
 
 
+def test_hsdp_shard_groups_wait_for_their_own_slowest_rank_and_the_replicas_all_reduce_for_every_rank():
+    """Two groups of one rank, one op of 1 s (the second rank 3x slower), one collective of 2 s after it
+    that the step's end waits for. Inside a group (an all-gather) each rank steps at its own pace, 3 s
+    and 5 s: a mean of 4. Half of it crossing the groups (a reduce-scatter and the replicas' all-reduce),
+    both wait for the slower: 5, as with one group."""
+    from schedopt.ranks import run_ranks
+    from schedopt.steady import StepProgram
+
+    def program(groups, cross):
+        return StepProgram(work=[1.0], settle={1: [0]}, update=[0.0], chunk_ready=[0], chunk_bucket=[0],
+                           chunk_time=[2.0], lag=[0], groups=groups, chunk_cross=[cross])
+
+    slow = RankModel(ranks=2, rank_scale=(1.0, 3.0))
+    assert run_ranks(program(2, 0.0), slow).period == pytest.approx(4.0, rel=1e-12)
+    assert run_ranks(program(2, 1.0), slow).period == pytest.approx(5.0, rel=1e-12)
+    assert run_ranks(program(1, 0.0), slow).period == pytest.approx(5.0, rel=1e-12)
+    assert run_ranks(program(2, 0.0), RankModel(ranks=1)).period == pytest.approx(3.0, rel=1e-12)  # one for all
+    with pytest.raises(UnitError, match="3 ranks do not split into the plan's 2 replicas"):
+        run_ranks(program(2, 0.0), RankModel(ranks=3, op_spread=0.1))
+
+
+@pytest.mark.parametrize("solver", ["fsdp-per-block", "fsdp-root"])
+def test_an_hsdp_plan_on_many_ranks_with_next_to_no_variation_is_the_one_rank_step(graph, solver):
+    """4 replicas of 2 ranks, interference on (each group's compute slowed by its own channel's busy
+    intervals): the groups' channels and the all-reduces across them land on the simulator's step."""
+    cluster = Cluster(world_size=8, replicas=4, bandwidth_Bps=2e9, latency_s=2e-5, interference=0.3,
+                      shard_bandwidth_Bps=2e10)
+    problem = Problem(graph=graph, cluster=cluster, mode="sharded")
+    plan = get(solver)(problem)
+    run = simulate_ranks(problem, plan, RankModel(ranks=8, op_spread=1e-9))
+    assert run.stable and run.period == pytest.approx(simulate(problem, plan).iteration_s, rel=1e-6)
+    slower = simulate_ranks(problem, plan, RankModel(ranks=8, op_spread=0.1, step_spread=0.05))
+    assert slower.period > run.period
+
+
 def _report(computes_by_rank):
     from schedopt.diagnose import Diagnosis, StepRow
 
