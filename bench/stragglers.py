@@ -11,6 +11,15 @@ collective waits for the slowest rank, so a plan whose collectives sit on the cr
 every straggler; one that hides them has slack. Independent per-op variation mostly averages out
 over a step's hundreds of ops; a whole slow step (contention, a slow host) does not.
 
+Sharded data parallel too (``--modes sharded,hsdp``, no memory budget): every sharded solver against
+FSDP2 per block (``fsdp-per-block``) instead of DDP. ``hsdp`` shards over one node's ranks
+(``--gpus-per-node``, linked by ``--shard-network``) and replicates across nodes: the forward's
+all-gathers wait for the slowest rank of a node, each reduce-scatter's all-reduce across the replicas
+for every rank (world sizes of one node are skipped: there HSDP is FSDP).
+
+    python bench/stragglers.py --models gpt2_small,bert_base,resnet50 --world-sizes 8,64 --modes sharded,hsdp \
+        --json bench/results/stragglers_sharded.json --plot bench/results/stragglers_sharded.png
+
 Prints the table (and each solver's median change per spread); ``--plot`` draws the speedups.
 """
 
@@ -23,6 +32,7 @@ import time
 from pathlib import Path
 
 from schedopt import Cluster, Problem
+from schedopt.cluster import PRESETS
 from schedopt.errors import SolverError
 from schedopt.ranks import RankModel, simulate_ranks
 from schedopt.solvers import get, solvers_for
@@ -37,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", default="resnet50,vgg16,inception,gpt2_small,bert_base")
     parser.add_argument("--world-sizes", default="8,64")
     parser.add_argument("--network", default="100gbe")
-    parser.add_argument("--modes", default="barrier,overlap")
+    parser.add_argument("--modes", default="barrier,overlap", help="of barrier, overlap, osp, sharded, hsdp")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="hsdp: the ranks each unit is sharded over")
+    parser.add_argument("--shard-network", choices=sorted(PRESETS), default="nvlink",
+                        help="hsdp: the link inside a node (default nvlink)")
     parser.add_argument("--spreads", default="0.02,0.05,0.02/0.05,0.02/0.15",
                         help="comma-separated OP or OP/STEP coefficients of variation: per op, rank and step; and per "
                              "rank and step, shared by its ops (the traces measured 11-17%%)")
@@ -62,8 +75,26 @@ def label(spread: list[float] | tuple[float, float]) -> str:
     return f"{op:.0%} op" + (f"/{step:.0%} step" if step else "")
 
 
+#: Each mode's baseline, whose plan every speedup is measured against (DDP's, where not named).
+BASELINES = {"sharded": "fsdp-per-block"}
+
+
+def problem_of(graph, mode: str, n: int, args: argparse.Namespace) -> Problem | None:
+    """The case's problem: ``hsdp`` is ``sharded`` on nodes of ``--gpus-per-node`` ranks (None at one node)."""
+    if mode != "hsdp":
+        return Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=n), mode=mode)
+    per_node = args.gpus_per_node
+    if n <= per_node or n % per_node:
+        print(f"  hsdp at {n} ranks: not {per_node}-rank nodes times more than one, skipped", file=sys.stderr)
+        return None
+    inside = PRESETS[args.shard_network]
+    cluster = Cluster.preset(args.network, world_size=n, replicas=n // per_node,
+                             shard_bandwidth_Bps=inside["bandwidth_Bps"], shard_latency_s=inside["latency_s"])
+    return Problem(graph=graph, cluster=cluster, mode="sharded")
+
+
 def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limit: float, seed: int) -> list[dict]:
-    """Every solver's plan on one rank and on the rank model at each spread; DDP's row first."""
+    """Every solver's plan on one rank and on the rank model at each spread; the baseline's row first."""
     plans = {}
     for name in solvers_for(problem.mode):
         try:
@@ -79,10 +110,11 @@ def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limi
             model = RankModel(ranks=ranks, op_spread=op, step_spread=step, seed=seed)
             periods[name].append(simulate_ranks(problem, plan, model).period)
             took[name].append(time.perf_counter() - started)
-    ddp = periods["pytorch-ddp"]
-    return [{"solver": name, "periods_s": p, "speedup": [d / t for d, t in zip(ddp, p)],
-             "change": [(d / t) / (ddp[0] / p[0]) - 1 for d, t in zip(ddp[1:], p[1:])], "rank_model_s": took[name]}
-            for name, p in sorted(periods.items(), key=lambda kv: kv[0] != "pytorch-ddp")]
+    baseline = BASELINES.get(problem.mode, "pytorch-ddp")
+    base = periods[baseline]
+    return [{"solver": name, "baseline": baseline, "periods_s": p, "speedup": [d / t for d, t in zip(base, p)],
+             "change": [(d / t) / (base[0] / p[0]) - 1 for d, t in zip(base[1:], p[1:])], "rank_model_s": took[name]}
+            for name, p in sorted(periods.items(), key=lambda kv: kv[0] != baseline)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         graph = cached_graph(model, "a100")
         for n in map(int, args.world_sizes.split(",")):
             for mode in args.modes.split(","):
-                problem = Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=n), mode=mode)
+                problem = problem_of(graph, mode, n, args)
+                if problem is None:
+                    continue
                 for r in case_rows(problem, spreads, time_limit=args.time_limit, seed=args.seed):
                     rows.append({"model": model, "world_size": n, "network": args.network, "mode": mode,
-                                 "spreads": spreads, **r})
+                                 "replicas": problem.cluster.replicas, "spreads": spreads, **r})
                     print(f"{model:<11} {n:>5} {mode:<8} {r['solver']:<14} "
                           + f"{r['speedup'][0]:7.3f}x " + " ".join(f"{x:12.3f}x" for x in r["speedup"][1:]) + "  "
                           + " ".join(f"{c:+.1%}" for c in r["change"]))
@@ -115,17 +149,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _planned(rows: list[dict]) -> list[dict]:
+    """The rows of every solver but its case's baseline (DDP's rows before the baseline was recorded)."""
+    return [r for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")]
+
+
 def summary(rows: list[dict], spreads: list[tuple[float, float]]) -> None:
-    """Each solver's median change in speedup over DDP, per spread and world size."""
-    for solver in sorted({r["solver"] for r in rows} - {"pytorch-ddp"}):
-        mine = [r for r in rows if r["solver"] == solver]
-        parts = [f"{label(s)} at {n} ranks {statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
-                 for i, s in enumerate(spreads) for n in sorted({r["world_size"] for r in mine})]
-        print(f"{solver:<14} median change of its speedup over DDP: " + ", ".join(parts))
+    """Each solver's median change in speedup over its baseline, per spread and world size (sharded
+    rows apart: another baseline)."""
+    for sharded in (False, True):
+        mine_all = [r for r in _planned(rows) if (r["mode"] in ("sharded", "hsdp")) == sharded]
+        for solver in sorted({r["solver"] for r in mine_all}):
+            mine = [r for r in mine_all if r["solver"] == solver]
+            parts = [f"{label(s)} at {n} ranks "
+                     f"{statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
+                     for i, s in enumerate(spreads) for n in sorted({r["world_size"] for r in mine})]
+            print(f"{solver:<14} median change of its speedup over {mine[0].get('baseline', 'pytorch-ddp')}: "
+                  + ", ".join(parts))
 
 
 def plot(rows: list[dict], spreads: list[tuple[float, float]], path: str) -> None:
-    """One panel per world size and mode: each solver's speedup over DDP (median over models) per spread."""
+    """One panel per world size and mode: each solver's speedup over its baseline (median over models)
+    per spread."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,16 +180,17 @@ def plot(rows: list[dict], spreads: list[tuple[float, float]], path: str) -> Non
     fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), sharey=True, squeeze=False)
     names = ["1 rank", *(label(s) for s in spreads)]
     for ax, (n, mode) in zip(axes[0], cases):
-        for solver in sorted({r["solver"] for r in rows} - {"pytorch-ddp"}):
-            mine = [r["speedup"] for r in rows if (r["world_size"], r["mode"], r["solver"]) == (n, mode, solver)]
-            if mine:
-                ax.plot(range(len(names)), [statistics.median(s[i] for s in mine) for i in range(len(names))],
-                        marker="o", label=solver)
+        case = [r for r in _planned(rows) if (r["world_size"], r["mode"]) == (n, mode)]
+        for solver in sorted({r["solver"] for r in case}):
+            mine = [r["speedup"] for r in case if r["solver"] == solver]
+            ax.plot(range(len(names)), [statistics.median(s[i] for s in mine) for i in range(len(names))],
+                    marker="o", label=solver)
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_title(f"{n} ranks, {mode}")
+        baseline = next((r.get("baseline", "pytorch-ddp") for r in rows if r["mode"] == mode), "pytorch-ddp")
+        ax.set_title(f"{n} ranks, {mode} (over {baseline})", fontsize=9)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
-    axes[0][0].set_ylabel("speedup over DDP (median over models)")
-    axes[0][-1].legend(fontsize=7)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("speedup over the baseline (median over models)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

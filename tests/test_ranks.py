@@ -215,3 +215,18 @@ def test_cpsat_keeps_the_candidate_with_the_shortest_period_on_varying_ranks(gra
     assert "rank_periods_s" not in alike.solver.stats
     with pytest.raises(SchedoptError, match="rank_model must be"):
         Problem(graph=varying, cluster=problem.cluster, rank_model={"ranks": 8})
+
+
+def test_sharded_cpsat_keeps_the_start_with_the_shortest_period_on_varying_ranks(graph):
+    """Sharded alike: cpsat's plan and every warm start within the budget re-checked on the rank model."""
+    from schedopt.ranks import period
+
+    model = RankModel(ranks=8, op_spread=0.05, step_spread=0.15)
+    cluster = Cluster.preset("10gbe", world_size=8)
+    problem = Problem(graph=graph, cluster=cluster, mode="sharded", rank_model=model)
+    plan = get("cpsat")(problem, time_limit_s=2, seed=0)
+    periods = plan.solver.stats["rank_periods_s"]
+    assert len(periods) >= 3 and plan.solver.stats["rank_model"] == model.describe()
+    assert period(problem, plan) == pytest.approx(min(periods.values()), rel=1e-6)
+    assert "rank_periods_s" not in get("cpsat")(replace(problem, rank_model=None), time_limit_s=2).solver.stats
+

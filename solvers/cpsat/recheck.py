@@ -6,7 +6,9 @@ starts when the last of them issues it, so a plan that lands a bucket just in ti
 forward loses more than one with slack. Where ``problem.rank_model`` varies, the plan cpsat found
 and the best warm starts of other layouts are each run on the rank model
 (:func:`schedopt.ranks.period`) and the one with the shortest period is returned; its ``stats``
-say which it was and every period. The proven bound stays the one-rank model's.
+say which it was and every period. The proven bound stays the one-rank model's. A sharded plan is
+re-checked the same way against every warm start within the budget (the fastest baseline, the greedy
+units, the pipelined and the least-memory plans).
 """
 
 from __future__ import annotations
@@ -49,5 +51,6 @@ def on_ranks(problem: Problem, plan: Plan, candidates: list[tuple[float, Plan]],
 
 
 def _layout(plan: Plan) -> tuple:
-    """What makes two plans run alike: the order and the buckets (their parameters, chunks, stages)."""
-    return tuple(plan.order), tuple(plan.buckets)
+    """What makes two plans run alike: the order and the buckets (their parameters, chunks, stages), or
+    a sharded plan's units and how its all-gathers are issued."""
+    return tuple(plan.order), tuple(plan.buckets), tuple(plan.units), plan.async_unshard

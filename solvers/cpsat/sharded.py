@@ -48,6 +48,7 @@ from schedopt.units import format_size
 from ..fine_units import least_memory_plan, pipelined_plan
 from ..fsdp import atoms, block_groups, build_units
 from ..registry import SOLVERS, solvers_for
+from .recheck import on_ranks
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
@@ -476,11 +477,19 @@ def _asynchronous(problem: Problem, plan: Plan) -> Plan:
 
 
 def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
-    """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring)."""
-    from ortools.sat.python import cp_model
-
+    """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring);
+    where the problem's ranks vary, the best of it and the warm starts on them (:func:`.recheck.on_ranks`)."""
     started = time.perf_counter()
     starts = _warm_starts(problem, options.fine_units)
+    plan = _solve_sharded(problem, options, starts, started)
+    if problem.rank_model is None:
+        return plan
+    return on_ranks(problem, plan, [(s.predicted.iteration_s, s) for s in starts], keep=len(starts))
+
+
+def _solve_sharded(problem: Problem, options: ShardedOptions, starts: list[Plan], started: float) -> Plan:
+    from ortools.sat.python import cp_model
+
     best = starts[0]
     bound = sharded_lower_bound(problem)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
