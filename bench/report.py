@@ -340,15 +340,24 @@ def diagnose_section() -> list[str]:
     return lines + [""]
 
 
-def stragglers_section() -> list[str]:
-    data = load("stragglers.json")
+def stragglers_section(name: str = "stragglers.json") -> list[str]:
+    data = load(name)
     rows, spreads = data["rows"], data["rows"][0]["spreads"]
-    lines = ["## Stragglers: every rank", "",
-             "`python bench/stragglers.py --json bench/results/stragglers.json --plot bench/results/stragglers.png`:"
-             " each solver's plan (made on one rank) and DDP's on the rank model (`schedopt.ranks`), every op varying"
-             " per rank and step (op), and each rank's whole step (step); the speedup over DDP on one rank and at"
-             " each spread, and its change. Per solver, the median change over the models:", ""]
-    solvers = sorted({r["solver"] for r in rows} - {"pytorch-ddp"})
+    sharded = any(r.get("baseline", "pytorch-ddp") != "pytorch-ddp" for r in rows)
+    png = name.replace(".json", ".png")
+    command = (f"`python bench/stragglers.py {''.join(_stragglers_args(data))}--json bench/results/{name} --plot "
+               f"bench/results/{png}`")
+    args = data.get("arguments", {})
+    intro = (" each sharded solver's plan (made on one rank, no memory budget) and FSDP2 per block's on the rank"
+             f" model; `hsdp` shards over one node's {args.get('gpus_per_node')} ranks ({args.get('shard_network')})"
+             " and replicates across nodes" if sharded else
+             " each solver's plan (made on one rank) and DDP's on the rank model (`schedopt.ranks`)")
+    baseline = "FSDP2 per block" if sharded else "DDP"
+    lines = ["## Stragglers: every rank" + (", sharded" if sharded else ""), "",
+             f"{command}:{intro}, every op varying per rank and step (op), and each rank's whole step (step); the"
+             f" speedup over {baseline} on one rank and at each spread, and its change. Per solver, the median change"
+             " over the models:", ""]
+    solvers = sorted({r["solver"] for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")})
     cases = sorted({(r["world_size"], r["mode"]) for r in rows})
 
     def label(spread: list[float]) -> str:
@@ -358,15 +367,26 @@ def stragglers_section() -> list[str]:
 
     def change(solver: str, case: tuple, i: int) -> str:
         mine = [r["change"][i] for r in rows if r["solver"] == solver and (r["world_size"], r["mode"]) == case]
-        return f"{statistics.median(mine):+.1%}"
+        return f"{statistics.median(mine):+.1%}" if mine else "-"
 
     body = [[solver] + [change(solver, case, i) for case in cases for i in range(len(spreads))] for solver in solvers]
     lines += table(head, body)
     lines += ["", "Every case:", ""]
     lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [label(s) for s in spreads], [
         [r["model"], str(r["world_size"]), r["mode"], r["solver"]] + [f"{x:.3f}x" for x in r["speedup"]]
-        for r in rows if r["solver"] != "pytorch-ddp"])
-    return lines + ["", "![speedups](../bench/results/stragglers.png)", ""]
+        for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")])
+    return lines + ["", f"![speedups](../bench/results/{png})", ""]
+
+
+def _stragglers_args(data: dict) -> list[str]:
+    """The arguments of the committed run that differ from the bench's defaults, each with a trailing space."""
+    args = data.get("arguments", {})
+    named = {"models": "resnet50,vgg16,inception,gpt2_small,bert_base", "modes": "barrier,overlap"}
+    return [f"--{k} {args[k]} " for k in named if args.get(k, named[k]) != named[k]]
+
+
+def stragglers_sharded_section() -> list[str]:
+    return stragglers_section("stragglers_sharded.json") if (RESULTS / "stragglers_sharded.json").exists() else []
 
 
 def diagnose_summary() -> dict[str, float]:
@@ -383,7 +403,7 @@ def eager_solver_quality_section() -> list[str]:
 
 SECTIONS: tuple[Callable[[], list[str]], ...] = (
     solver_quality_section, eager_solver_quality_section, sharded_section, hsdp_section, execution_section,
-    stragglers_section, testbed_section,
+    stragglers_section, stragglers_sharded_section, testbed_section,
     diagnose_section, accuracy_section, overhead_section, steady_state_section)
 
 

@@ -155,16 +155,15 @@ def _planned(rows: list[dict]) -> list[dict]:
 
 
 def summary(rows: list[dict], spreads: list[tuple[float, float]]) -> None:
-    """Each solver's median change in speedup over its baseline, per spread and world size (sharded
-    rows apart: another baseline)."""
-    for sharded in (False, True):
-        mine_all = [r for r in _planned(rows) if (r["mode"] in ("sharded", "hsdp")) == sharded]
+    """Each solver's median change in speedup over its baseline, per mode, spread and world size."""
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine_all = [r for r in _planned(rows) if r["mode"] == mode]
         for solver in sorted({r["solver"] for r in mine_all}):
             mine = [r for r in mine_all if r["solver"] == solver]
             parts = [f"{label(s)} at {n} ranks "
                      f"{statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
                      for i, s in enumerate(spreads) for n in sorted({r["world_size"] for r in mine})]
-            print(f"{solver:<14} median change of its speedup over {mine[0].get('baseline', 'pytorch-ddp')}: "
+            print(f"{mode:<8} {solver:<14} median change of its speedup over {mine[0].get('baseline', 'pytorch-ddp')}: "
                   + ", ".join(parts))
 
 
@@ -190,7 +189,7 @@ def plot(rows: list[dict], spreads: list[tuple[float, float]], path: str) -> Non
         ax.set_title(f"{n} ranks, {mode} (over {baseline})", fontsize=9)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("speedup over the baseline (median over models)")
+    axes[0][0].set_ylabel("speedup (median over models)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

@@ -230,3 +230,28 @@ def test_sharded_cpsat_keeps_the_start_with_the_shortest_period_on_varying_ranks
     assert period(problem, plan) == pytest.approx(min(periods.values()), rel=1e-6)
     assert "rank_periods_s" not in get("cpsat")(replace(problem, rank_model=None), time_limit_s=2).solver.stats
 
+
+def test_the_stragglers_bench_measures_sharded_solvers_against_fsdp2_per_block(graph):
+    """bench/stragglers.py --modes sharded,hsdp: FSDP2 per block is the baseline (its row first, 1x), hsdp
+    shards over a node's ranks and is skipped at one node."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parent.parent / "bench")
+    sys.path.insert(0, bench)
+    try:
+        import stragglers
+    finally:
+        sys.path.remove(bench)
+    args = argparse.Namespace(network="10gbe", gpus_per_node=4, shard_network="nvlink")
+    assert stragglers.problem_of(graph, "hsdp", 4, args) is None
+    hsdp = stragglers.problem_of(graph, "hsdp", 16, args)
+    assert (hsdp.mode, hsdp.cluster.replicas, hsdp.cluster.shard_group) == ("sharded", 4, 4)
+    rows = stragglers.case_rows(hsdp, [(0.02, 0.15)], time_limit=1, seed=0)
+    assert rows[0]["solver"] == "fsdp-per-block" and rows[0]["speedup"] == [1.0, 1.0]
+    assert {r["baseline"] for r in rows} == {"fsdp-per-block"} and {"cpsat", "fsdp-root"} <= {r["solver"] for r in rows}
+    for r in rows:
+        one, varied = r["periods_s"]
+        assert varied > one and r["change"][0] == pytest.approx(r["speedup"][1] / r["speedup"][0] - 1)
+
