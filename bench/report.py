@@ -375,6 +375,14 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
     lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [label(s) for s in spreads], [
         [r["model"], str(r["world_size"]), r["mode"], r["solver"]] + [f"{x:.3f}x" for x in r["speedup"]]
         for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")])
+    if sharded:
+        lines += ["", "The step itself, the baseline's and cpsat's: one rank's, and how much longer at each spread. A"
+                  " step that hides its compute behind the wire hides the stragglers too; one that computes most of"
+                  " the time (HSDP inside NVLink, cpsat's) waits for the slowest rank at each all-reduce:", ""]
+        lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [label(s) for s in spreads], [
+            [r["model"], str(r["world_size"]), r["mode"], r["solver"], ms(r["periods_s"][0]) + " ms"]
+            + [f"{p / r['periods_s'][0] - 1:+.1%}" for p in r["periods_s"][1:]]
+            for r in rows if r["solver"] in (r["baseline"], "cpsat")])
     return lines + ["", f"![speedups](../bench/results/{png})", ""]
 
 
