@@ -39,7 +39,7 @@ from .graph import TrainGraph
 from .plan import Plan, validate
 from .problem import Problem
 from .shard_sim import sharded_step_program
-from .simulate import simulate, step_program
+from .simulate import simulate, simulated_period, step_program
 from .steady import Machine, StepProgram
 
 __all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "period", "WARMUP_STEPS", "MAX_RANK_STEPS"]
@@ -187,49 +187,72 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
     ranks = _Ranks(model.ranks, groups, program.interference)
     never = np.zeros(groups)
     history: list[np.ndarray] = []
-    clocks: list[float] = [0.0]
+    clocks = _Clocks()
+    starts = _segments(n, settle, chunk_ready)
     for step in range(max_steps):
         f = np.exp(s_op * rng.standard_normal((n + num_buckets, model.ranks)) + s_step * rng.standard_normal(model.ranks)
                    - (s_op * s_op + s_step * s_step) / 2)  # mean 1
         if scale is not None:
             f *= scale
-        w, u = work[:, None] * f[:n], update[:, None] * f[n:]
+        w = np.add.reduceat(work[:, None] * f[:n], starts, axis=0) if n else f[:0]
+        u = update[:, None] * f[n:]
         done = np.zeros((num_buckets, groups))
         c = 0
-        for j in range(-1, n + 1):
+        for s, j in enumerate([-1, *starts, n]):  # the segment starting at j (-1: before the step's work)
+            for k in settle.get(j, ()) if j >= 0 else ():
+                if lag[k] and not step:
+                    continue
+                ranks.wait(done[k] if lag[k] == 0 else history[-lag[k]][k] if len(history) >= lag[k] else never)
+                ranks.run(u[k])
+            if j == n:
+                break
             if j >= 0:
-                for k in settle.get(j, ()):
-                    if lag[k] and not step:
-                        continue
-                    ranks.wait(done[k] if lag[k] == 0 else history[-lag[k]][k] if len(history) >= lag[k] else never)
-                    ranks.run(u[k])
-                if j == n:
-                    break
-                ranks.run(w[j])
-            while c < num_chunks and chunk_ready[c] <= j:  # issued by the last rank, FIFO
+                ranks.run(w[s - 1])
+            last = starts[s] - 1 if s < len(starts) else n - 1  # the segment's last position
+            while c < num_chunks and chunk_ready[c] <= last:  # issued by the last rank, FIFO
                 k = chunk_bucket[c]
                 np.maximum(done[k], ranks.send(chunk_time[c], cross[c]), out=done[k])
                 c += 1
         history = [*history[-1:], done]
-        clocks.append(float(ranks.t.mean()))
-        if _settled(clocks):
+        if clocks.add(float(ranks.t.mean())):
             break
-    periods = _periods(clocks)
-    return RankRun(period=float(periods.mean()), steps=len(periods), stable=_settled(clocks))
+    periods = _periods(clocks.clocks)
+    return RankRun(period=float(periods.mean()), steps=len(periods), stable=clocks.settled)
+
+
+def _segments(n: int, settle, chunk_ready) -> list[int]:
+    """Where the step's runs of positions start: at 0, at every position with a settle before it, and
+    after every position that issues a chunk. A run's work is merged into one (exact: the stream's time
+    warp is monotone and additive) and run with one call per step."""
+    cuts = {0} | {j for j in settle if 0 < j < n} | {r + 1 for r in chunk_ready if 0 <= r + 1 < n}
+    return sorted(cuts) if n else []
+
+
+class _Clocks:
+    """The ranks' mean clock at each step's end; :meth:`add` says when the mean period after the warm-up
+    has a 95% interval within 1% of it (running sums: one step's check does not rescan the run)."""
+
+    def __init__(self) -> None:
+        self.clocks: list[float] = [0.0]
+        self.count, self.total, self.squares = 0, 0.0, 0.0
+        self.settled = False
+
+    def add(self, clock: float) -> bool:
+        self.clocks.append(clock)
+        if len(self.clocks) > WARMUP_STEPS + 2:
+            period = clock - self.clocks[-2]
+            self.count, self.total, self.squares = self.count + 1, self.total + period, self.squares + period * period
+        m = self.count
+        if m >= _MIN_MEASURED:
+            mean = self.total / m
+            var = max(self.squares - self.total * mean, 0.0) / (m - 1)
+            self.settled = mean > 0 and 1.96 * math.sqrt(var / m) <= _STABLE * mean
+        return self.settled
 
 
 def _periods(clocks: list[float]) -> np.ndarray:
     """The step periods after the warm-up (every period, if the run was shorter than that)."""
     return np.diff(clocks[WARMUP_STEPS + 1:]) if len(clocks) > WARMUP_STEPS + 2 else np.diff(clocks)
-
-
-def _settled(clocks: list[float]) -> bool:
-    """True once the mean period after the warm-up has a 95% interval within 1% of it."""
-    periods = _periods(clocks)
-    if len(periods) < _MIN_MEASURED:  # (a run shorter than the warm-up has fewer still)
-        return False
-    mean = float(periods.mean())
-    return mean > 0 and 1.96 * float(periods.std(ddof=1)) / math.sqrt(len(periods)) <= _STABLE * mean
 
 
 def simulate_ranks(problem: Problem, plan: Plan, model: RankModel) -> RankRun:
@@ -253,5 +276,5 @@ def period(problem: Problem, plan: Plan) -> float:
     """``plan``'s period on ``problem``'s ranks: :func:`simulate_ranks` on ``problem.rank_model`` (a problem
     without one: :func:`~schedopt.simulate.simulate`'s figure)."""
     if problem.rank_model is None:
-        return simulate(problem, plan).iteration_s
+        return simulated_period(problem, plan)
     return simulate_ranks(problem, plan, problem.rank_model).period

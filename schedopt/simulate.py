@@ -69,6 +69,7 @@ __all__ = [
     "Chunk",
     "ChunkTiming",
     "simulate",
+    "simulated_period",
     "lower_bound",
     "chunk_layout",
     "comm_schedule",
@@ -218,6 +219,19 @@ def simulate(problem: Problem, plan: Plan) -> Timeline:
     if problem.mode == "sharded":
         return _simulate_sharded(problem, plan)
     return _simulate_overlap(problem, plan)
+
+
+def simulated_period(problem: Problem, plan: Plan) -> float:
+    """:func:`simulate`'s ``iteration_s`` alone, the same figure: in ``overlap`` and ``osp`` modes the
+    steady state without the events, windows and bound (a search that compares many plans).
+
+    Raises:
+        PlanMismatchError, InvalidPlanError: the plan does not fit the graph.
+    """
+    if problem.mode not in ("overlap", "osp") or plan.mode == "sharded":
+        return simulate(problem, plan).iteration_s
+    validate(plan, problem.graph)
+    return run_steady_state(step_program(problem, plan)).period
 
 
 def _simulate_sharded(problem: Problem, plan: Plan) -> Timeline:

@@ -34,7 +34,7 @@ from typing import Any, Mapping
 from schedopt.errors import SolverError
 from schedopt.plan import Bucket, Plan
 from schedopt.problem import Problem
-from schedopt.simulate import simulate
+from schedopt.simulate import simulated_period
 
 __all__ = ["StageOptions", "choose_stages", "stale_fraction"]
 
@@ -83,7 +83,7 @@ def choose_stages(problem: Problem, plan: Plan, options: StageOptions | None = N
     budget = problem.max_stale_fraction * sum(p.nbytes for p in graph.params.values()) * (1 + 1e-12)
     buckets = tuple(replace(b, stage=1) for b in plan.buckets)
     current = replace(plan, mode="osp", buckets=buckets, predicted=None)
-    best_s = simulate(problem, current).iteration_s
+    best_s = simulated_period(problem, current)
     used = 0
     while True:
         nbytes = [sum(graph.params[n].nbytes for n in b.params) for b in current.buckets]
@@ -94,12 +94,12 @@ def choose_stages(problem: Problem, plan: Plan, options: StageOptions | None = N
             stale = max((ratio.get(n, 0.0) for n in bucket.params), default=0.0)
             for last in ((False, True) if k + 1 < len(current.buckets) else (False,)):  # the last: one trial
                 trial = _moved(current, k, last=last)
-                trials.append((simulate(problem, trial).iteration_s, stale, nbytes[k], trial))
+                trials.append((simulated_period(problem, trial), stale, nbytes[k], trial))
         for name in _largest_stage_1(current, graph, options.split_candidates):  # a large parameter alone, its bucket left stage 1
             size = graph.params[name].nbytes
             if used + size <= budget:
                 trial = _split_off(current, name)
-                trials.append((simulate(problem, trial).iteration_s, ratio.get(name, 0.0), size, trial))
+                trials.append((simulated_period(problem, trial), ratio.get(name, 0.0), size, trial))
         if not trials:
             return current
         t, _, size, trial = min(trials, key=lambda x: x[:3])
