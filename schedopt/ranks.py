@@ -14,6 +14,9 @@ state's semantics) on ``ranks`` ranks at once:
 - a chunk is issued when the last rank issues it (its gradients ready there, the chunk before it
   issued) and starts when the channel is free; every rank's settle waits for the same end;
 - with interference, a rank's compute is slowed while any collective is on the wire (one channel);
+- HSDP (a sharded program with ``groups``): the ranks are the replicas' shard groups of consecutive
+  ranks, each with its own channel; a chunk is issued in a group when that group's last rank issues
+  it, and the part that crosses the replicas (their all-reduce) starts when every group is done;
 - the period is the mean step time (the ranks' mean clock) after a warm-up, over enough steps that
   the 95% interval of the mean is within 1% of it (``stable``), at most ``max_steps``.
 
