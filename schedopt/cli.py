@@ -464,13 +464,13 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     data = report.to_json()
     whatif = None
     if args.model:  # the traced step predicted, and what the best plans would gain
-        from .diagnose import sharded_collectives
+        from .diagnose import is_sharded
         from .trace_costs import trace_costs
         from .whatif import what_plans_gain
         from .whatif_sharded import check_inputs, what_sharded_plans_gain
 
         cluster = Cluster.load(args.cluster) if args.cluster else None
-        sharded = bool(sharded_collectives(report))
+        sharded = is_sharded(report)
         if sharded:
             check_inputs(report, cluster)  # before the graph's import and the op matching
         costs = trace_costs(_graph(args), traces[0].path)

@@ -29,7 +29,7 @@ from .intervals import clip, covered, covered_union, length, uncovered, union
 from .kineto import Collective, RankTrace
 
 __all__ = ["DIAGNOSIS_SCHEMA", "HOST_BOUND_SHARE", "CollectiveRow", "StepRow", "Diagnosis", "diagnose", "format_report",
-           "plot_step", "collective_kind", "sharded_collectives"]
+           "plot_step", "collective_kind", "sharded_collectives", "is_sharded"]
 
 DIAGNOSIS_SCHEMA = "schedopt.diagnosis/1"
 #: exposure below this (s) is noise, not a finding
@@ -85,12 +85,21 @@ class Diagnosis:
     world_size: int | None
     files: list[str]
     steps: list[StepRow]
+    #: the ranks of the traced DeviceMesh's shard dimension (:func:`.kineto.mesh_shard_size`), if named
+    shard_group: int | None = None
+
+    @property
+    def replicas(self) -> int:
+        """HSDP's replicas: the world over the traced shard group (1 where the trace names none)."""
+        n, world = self.shard_group, self.world_size
+        return world // n if n and world and n < world and world % n == 0 else 1
 
     def to_json(self) -> dict[str, Any]:
         median = {k: statistics.median(getattr(s, k) for s in self.steps)
                   for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "limit_s")} if self.steps else {}
         return {"schema": DIAGNOSIS_SCHEMA, "device": self.device, "world_size": self.world_size,
-                "files": self.files, "median": median, "steps": [s.to_json() for s in self.steps]}
+                "shard_group": self.shard_group, "replicas": self.replicas, "files": self.files, "median": median,
+                "steps": [s.to_json() for s in self.steps]}
 
 
 def collective_kind(name: str) -> str | None:
@@ -99,6 +108,13 @@ def collective_kind(name: str) -> str | None:
     flat = name.lower().replace("_", "")
     return next((kind for kind, key in (("all-gather", "allgather"), ("reduce-scatter", "reducescatter"))
                  if key in flat), None)
+
+
+def is_sharded(report: Diagnosis) -> bool:
+    """Whether the traces are of a sharded run: all-gathers or reduce-scatters traced
+    (:func:`sharded_collectives`), or a mesh of HSDP replicas (whose shard groups of one rank issue
+    neither: FSDP2 all-reduces each unit's gradients across the replicas)."""
+    return bool(sharded_collectives(report)) or report.replicas > 1
 
 
 def sharded_collectives(report: Diagnosis) -> list[str]:
@@ -153,14 +169,15 @@ def diagnose(traces: list[RankTrace]) -> Diagnosis:
         compute = union((s.start, s.end) for s in t.compute)
         steps += [_step_row(t, n, compute) for n in common]
     return Diagnosis(device=traces[0].device, world_size=traces[0].world_size, files=[t.path for t in traces],
-                     steps=steps)
+                     steps=steps, shard_group=traces[0].shard_group)
 
 
 def format_report(report: Diagnosis) -> str:
     """The table a person reads: a line per step and rank, then every exposed collective and why."""
     head = (f"{'rank':>4} {'step':>5} {'step_ms':>8} {'compute':>8} {'comm':>8} {'exposed':>8} {'overlap':>8} "
             f"{'limit':>8} {'lost':>8}")
-    lines = [f"{len(report.files)} trace(s), {report.device}, world size {report.world_size}", head]
+    mesh = f", HSDP: {report.replicas} replicas of {report.shard_group}" if report.replicas > 1 else ""
+    lines = [f"{len(report.files)} trace(s), {report.device}, world size {report.world_size}{mesh}", head]
     for s in report.steps:
         share = "-" if s.overlap_share is None else f"{s.overlap_share:.1%}"
         lines.append(f"{s.rank:>4} {s.step:>5} {s.step_s * 1e3:8.1f} {s.compute_s * 1e3:8.1f} {s.comm_s * 1e3:8.1f} "

@@ -80,6 +80,9 @@ class RankTrace:
     world_size: int | None
     device: str  # "cuda" or "cpu"
     steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: the ranks of a DeviceMesh's shard dimension (FSDP2's process group named ``mesh_*shard*`` in the
+    #: trace's ``pg_config``), or None where the trace names none
+    shard_group: int | None = None
     compute: list[Span] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
 
@@ -149,9 +152,21 @@ def load_trace(path: str | Path) -> RankTrace:
                          "(torch.profiler.schedule) and call prof.step() after every step")
     cuda = any(e.get("cat") == "kernel" for e in events)
     trace = RankTrace(path=str(path), rank=info.get("rank"), world_size=info.get("world_size"),
-                      device="cuda" if cuda else "cpu", steps={n: (s.start, s.end) for n, s, _ in steps})
+                      device="cuda" if cuda else "cpu", steps={n: (s.start, s.end) for n, s, _ in steps},
+                      shard_group=mesh_shard_size(info))
     (_read_cuda if cuda else _read_cpu)(trace, events, main_tid=steps[0][2])
     return trace
+
+
+def mesh_shard_size(info: dict[str, Any]) -> int | None:
+    """The size of the process group of a DeviceMesh's shard dimension in a trace's ``distributedInfo``:
+    torch names a mesh dimension's group ``mesh_<dimension name>`` (``mesh_shard``, torchtitan's
+    ``mesh_dp_shard``); a dimension over the whole world reuses the default group and is not listed."""
+    groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
+    sizes = [g.get("pg_size") for g in groups if isinstance(g, dict) and isinstance(g.get("pg_desc"), str)
+             and g["pg_desc"].startswith("mesh_") and "shard" in g["pg_desc"] and "replicate" not in g["pg_desc"]]
+    sizes = [n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+    return min(sizes) if sizes else None
 
 
 def _pair(issues: list[tuple[Span, dict]], comms: list[tuple[Span, dict]]) -> list[Collective]:
@@ -259,6 +274,9 @@ def load_traces(paths: list[str]) -> list[RankTrace]:
     if len({t.world_size for t in traces}) > 1:
         raise TraceError("the traces are of different runs (world sizes "
                          f"{sorted({str(t.world_size) for t in traces})}): pass one run's traces")
+    if len({t.shard_group for t in traces}) > 1:
+        raise TraceError("the traces are of different runs (shard groups of "
+                         f"{sorted({str(t.shard_group) for t in traces})} ranks): pass one run's traces")
     if not set.intersection(*(set(t.steps) for t in traces)):
         raise TraceError("the traces are of different runs (no ProfilerStep number in common): pass one run's traces")
     return sorted(traces, key=lambda t: t.rank)

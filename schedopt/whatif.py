@@ -67,10 +67,13 @@ class WhatIf:
 
 def check_replicated(report: Diagnosis) -> None:
     """Raise SchedoptError, naming them, where the traces hold collectives only sharded runs issue
-    (:func:`~schedopt.diagnose.sharded_collectives`): :mod:`schedopt.whatif_sharded` is their what-if."""
+    (:func:`~schedopt.diagnose.sharded_collectives`) or an HSDP mesh: :mod:`schedopt.whatif_sharded` is
+    their what-if."""
     kinds = sharded_collectives(report)
-    if kinds:
-        raise SchedoptError(f"the traces are of a sharded run ({', '.join(kinds[:3])}: FSDP); this what-if predicts "
+    if kinds or report.replicas > 1:
+        what = (f"{', '.join(kinds[:3])}: FSDP" if kinds else
+                f"FSDP2 as HSDP, {report.replicas} replicas of {report.shard_group}")
+        raise SchedoptError(f"the traces are of a sharded run ({what}); this what-if predicts "
                             "replicated (DDP) runs: use schedopt.whatif_sharded.what_sharded_plans_gain")
 
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .cluster import Cluster
-from .diagnose import Diagnosis, collective_kind, sharded_collectives
+from .diagnose import Diagnosis, collective_kind, is_sharded
 from .errors import OverBudgetError, SchedoptError
 from .graph import TrainGraph
+from .plan import Plan
 from .problem import Problem
 from .units import format_size
 from .whatif import measured_step_s
@@ -72,8 +73,8 @@ class ShardedWhatIf:
 
 def check_inputs(report: Diagnosis, cluster: Cluster | None) -> None:
     """Raise SchedoptError where the traces are not of a sharded run, or no cluster gives the costs."""
-    if not sharded_collectives(report):
-        raise SchedoptError("the traces hold no all-gather or reduce-scatter: not a sharded run")
+    if not is_sharded(report):
+        raise SchedoptError("the traces hold no all-gather or reduce-scatter, nor an HSDP mesh: not a sharded run")
     if cluster is None:
         raise SchedoptError("a sharded run's what-if needs the collectives' costs: give --cluster (from "
                             "torchrun ... -m schedopt calibrate, which measures FSDP2's all-gathers and "
@@ -92,7 +93,8 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
     check_inputs(report, cluster)
     assert cluster is not None
     cluster = replace(cluster, world_size=report.world_size or cluster.world_size,
-                      backend="gloo" if report.device == "cpu" else "nccl")
+                      backend="gloo" if report.device == "cpu" else "nccl",
+                      replicas=cluster.replicas if report.shard_group is None else report.replicas)
     problem = Problem(graph=graph, cluster=cluster, mode="sharded")
     layout = get(TRACED_LAYOUT)(problem, seed=seed)
     peak = layout.predicted.peak_memory_bytes
@@ -106,10 +108,19 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
         best[name] = (plan.predicted.iteration_s, plan.predicted.peak_memory_bytes)
     return ShardedWhatIf(measured_s=measured_step_s(report), predicted_s=layout.predicted.iteration_s,
                          peak_bytes=peak, traced_gathers=_gathers_per_step(report),
-                         layout_gathers=len(layout.units) + sum(u.reshard_after_forward for u in layout.units),
+                         layout_gathers=_layout_gathers(layout, cluster),
                          cluster=cluster, best=dict(sorted(best.items(), key=lambda kv: kv[1][0])))
 
 
 def _gathers_per_step(report: Diagnosis) -> float:
     gathers = [sum(collective_kind(c.name) == "all-gather" for c in s.collectives) for s in report.steps]
     return statistics.fmean(gathers) if gathers else 0.0
+
+
+def _layout_gathers(layout: Plan, cluster: Cluster) -> int:
+    """The all-gathers per step FSDP2 issues for ``layout``: one per unit and one more per resharded unit,
+    none where each shard group is one rank (HSDP replicas of one: nothing to gather)."""
+    if cluster.shard_group == 1:
+        return 0
+    return len(layout.units) + sum(u.reshard_after_forward for u in layout.units)
+

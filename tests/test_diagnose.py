@@ -148,6 +148,52 @@ def test_a_sharded_runs_what_if_is_fsdp2_per_block_and_the_plans_within_its_peak
     assert len(err) == 1 and "needs the collectives' costs: give --cluster" in err[0]
 
 
+def _pg(desc: str, size: int) -> dict:
+    return {"pg_name": desc, "pg_desc": desc, "backend_config": "cuda:nccl", "pg_size": size, "ranks": list(range(size))}
+
+
+@pytest.mark.parametrize("groups, size", [
+    (None, None), ([_pg("default_pg", 2)], None), ([_pg("default_pg", 2), _pg("mesh_shard", 1)], 1),
+    ([_pg("default_pg", 16), _pg("mesh_dp_replicate", 2), _pg("mesh_dp_shard", 8)], 8),
+    ([_pg("default_pg", 16), _pg("mesh_dp_shard_cp", 8), _pg("mesh_tp", 4)], 8),
+    ([{"pg_desc": "mesh_shard", "pg_size": "8"}, "junk"], None),
+])
+def test_the_shard_group_is_read_from_the_traces_process_groups(groups, size):
+    """torch names a DeviceMesh dimension's process group ``mesh_<name>`` in the trace's pg_config; one
+    over the whole world reuses the default group and is not listed (FSDP over every rank)."""
+    from schedopt.kineto import mesh_shard_size
+
+    assert mesh_shard_size({} if groups is None else {"pg_config": groups}) == size
+
+
+def test_an_hsdp_run_whose_shard_groups_are_one_rank_gets_the_sharded_what_if(tmp_path, capsys):
+    """FSDP2 on a (2, 1) mesh issues no all-gather or reduce-scatter, only each unit's all-reduce across
+    the replicas: the trace's process groups say it is HSDP, and the what-if predicts it as such."""
+    for rank in (0, 1):
+        trace = cuda_trace(rank)
+        trace["distributedInfo"]["pg_config"] = [_pg("default_pg", 2), _pg("mesh_shard", 1)]
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(trace))
+    report = diagnose(load_traces([str(tmp_path)]))
+    assert (report.shard_group, report.replicas, sharded_collectives(report)) == (1, 2, [])
+    assert report.to_json()["replicas"] == 2
+    graph = transformer_like(2)
+    with pytest.raises(SchedoptError, match="FSDP2 as HSDP, 2 replicas of 1"):
+        what_plans_gain(report, graph)
+    result = what_sharded_plans_gain(report, graph, Cluster(world_size=8, bandwidth_Bps=1e9, latency_s=1e-5),
+                                     time_limit_s=1)
+    assert (result.cluster.world_size, result.cluster.replicas, result.cluster.shard_group) == (2, 2, 1)
+    assert (result.traced_gathers, result.layout_gathers) == (0.0, 0)
+    layout = get("fsdp-per-block")(Problem(graph=graph, cluster=result.cluster, mode="sharded"))
+    assert result.predicted_s == layout.predicted.iteration_s
+    assert main(["diagnose", str(tmp_path)]) == 0
+    assert "world size 2, HSDP: 2 replicas of 1" in capsys.readouterr().out
+    other = cuda_trace(1)  # a rank of another layout
+    other["distributedInfo"]["pg_config"] = [_pg("default_pg", 2)]
+    (tmp_path / "rank1.json").write_text(json.dumps(other))
+    with pytest.raises(TraceError, match="shard groups of"):
+        load_traces([str(tmp_path)])
+
+
 @pytest.mark.parametrize("content, expected", [
     ('{"traceEvents": [', "not valid JSON"),
     ("", "not valid JSON"),
