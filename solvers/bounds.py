@@ -15,6 +15,7 @@ why); CP-SAT gets them as ``T >=`` constants and reports the best when it proves
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass
 
@@ -452,16 +453,45 @@ def _group_side(g1: list[int], g2: list[int], key: list[int], cost: list[int], d
     vol1, end1 = bucket_ends(r1, c1, call)  # G1 alone
     rows = np.unique(np.linspace(0, len(r1), num_rows).astype(int))
     y, z = vol1[rows], np.concatenate([[0.0], np.cumsum(c2)])
-    # every row at once: G1's first y pieces, then G2; a last bucket that starts inside G1
-    # (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over j <= y
-    # (row by row, the least over j <= row: a running minimum over j, read at the rows)
+    # a last bucket that starts inside G1 (boundary j <= y) is the least of max(end1[j], r) - vol1[j] over
+    # j <= y (row by row, the least over j <= row: a running minimum over j, read at the rows)
     from_g1 = np.minimum.accumulate(np.maximum(end1[:, None], r2[None, :]) - vol1[:, None], axis=0)[rows]
     ends = np.empty((len(rows), len(r2) + 1))
     ends[:, 0] = end1[rows]
-    for i in range(1, len(r2) + 1):
-        inside = (np.maximum(ends[:, 1:i], r2[i - 1]) - (y[:, None] + z[None, 1:i])).min(axis=1, initial=np.inf)
-        ends[:, i] = np.minimum(from_g1[:, i - 1], inside) + call + y + z[i]
+    ready, volume = r2.tolist(), z.tolist()
+    for row, (y_row, g1_row) in enumerate(zip(y.tolist(), from_g1.tolist())):
+        ends[row, 1:] = _extended_ends(ready, volume, y_row, g1_row, call)
     return vol1, end1, y, z, ends
+
+
+def _extended_ends(r: list[float], z: list[float], y: float, from_g1: list[float], call: int) -> list[float]:
+    """One row of :func:`_group_side`: G1's first y bytes, then G2's pieces (ready at ``r``, prefix volumes
+    ``z``). ``end[i] = min(from_g1[i-1], min over 1 <= k < i of max(end[k], r[i-1]) - (y + z[k])) + call
+    + y + z[i]``. As in :func:`bucket_ends`, ``end`` rises with ``r`` (each term does), so the k with
+    ``end[k] < r[i-1]`` are a prefix [1, p), least at its last k, and beyond it a monotone queue keeps the
+    least ``end[k] - (y + z[k])``: the formula's terms, the same floats, in O(n) (a test holds both)."""
+    n = len(r)
+    end, tail = [0.0] * (n + 1), [0.0] * (n + 1)
+    queue: collections.deque[int] = collections.deque()
+    p = 1
+    for i in range(1, n + 1):
+        ready = r[i - 1]
+        if i > 1:
+            k = i - 1
+            term = tail[k] = end[k] - (y + z[k])
+            while queue and tail[queue[-1]] >= term:
+                queue.pop()
+            queue.append(k)
+        while p < i and end[p] < ready:
+            p += 1
+        while queue and queue[0] < p:
+            queue.popleft()
+        least = ready - (y + z[p - 1]) if p > 1 else math.inf
+        if queue and tail[queue[0]] < least:
+            least = tail[queue[0]]
+        first = from_g1[i - 1]
+        end[i] = (first if first < least else least) + call + y + z[i]
+    return end[1:]
 
 
 def window_bound(*, work_ticks: np.ndarray, finished_below: np.ndarray, readers: list[int], call_ticks: int,

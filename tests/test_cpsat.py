@@ -715,3 +715,24 @@ def test_bucket_ends_in_linear_time_equals_its_formula(ready, data):
         assert np.array_equal(rest, direct(np.delete(r, w), np.delete(c, w), head=full[:w + 1]))
     shuffled = np.array(data.draw(st.permutations(list(r))), dtype=np.float64)
     assert np.array_equal(bucket_ends(shuffled, c, call)[1], direct(shuffled, c))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ready=st.lists(st.integers(0, 50), min_size=1, max_size=30), data=st.data())
+def test_the_coupled_bounds_rows_in_linear_time_equal_their_formula(ready, data):
+    """One row of the coupled channel bound (G1's first y bytes, then G2's pieces): the monotone-queue
+    path gives the formula's floats exactly, with the G1 term rising as the bound's running minimum does."""
+    from schedopt.solvers.bounds import _extended_ends
+
+    n = len(ready)
+    r = [float(x) for x in sorted(ready)]
+    counts = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    costs = [c / k for c, k in zip(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), counts)]
+    z = np.concatenate([[0.0], np.cumsum(costs)]).tolist()
+    y, call = data.draw(st.floats(0, 100)), data.draw(st.integers(0, 5))
+    from_g1 = sorted(data.draw(st.lists(st.floats(-50, 100) | st.just(np.inf), min_size=n, max_size=n)))
+    end = [0.0] * (n + 1)
+    for i in range(1, n + 1):  # the formula, term by term
+        inside = min((max(end[k], r[i - 1]) - (y + z[k]) for k in range(1, i)), default=np.inf)
+        end[i] = min(from_g1[i - 1], inside) + call + y + z[i]
+    assert _extended_ends(r, z, y, from_g1, call) == end[1:]
