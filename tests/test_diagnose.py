@@ -230,7 +230,8 @@ def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     report = diagnose(load_traces([str(tmp_path)]))
     assert report.device == "cpu" and report.world_size == 2 and {s.rank for s in report.steps} == {0, 1}
-    param_bytes = sum(p.numel() * 4 for p in _factory("tiny_gpt")[0].parameters())
+    model, inputs, loss_fn = _factory("tiny_gpt")
+    param_bytes = sum(p.numel() * 4 for p in model.parameters())
     for s in report.steps:
         assert sum(c.nbytes for c in s.collectives) == param_bytes
         assert all(c.issue_s <= c.start_s < c.end_s for c in s.collectives)
@@ -238,7 +239,6 @@ def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     # the same trace's op times on the imported graph: most ops matched. On a toy model the framework's own
     # work (autograd, DDP's hooks) is much of the traced compute, and more of it under load: the matched ops
     # explained 39-45% of tiny_gpt's steps on an idle machine, 19% in CI beside other tests (gpt_tied's: 96%)
-    model, inputs, loss_fn = _factory("tiny_gpt")
     graph = from_torch(model, inputs, loss_fn=loss_fn, name="tiny_gpt")
     costs = trace_costs(graph, tmp_path / "rank0.json")
     assert costs.matched_ops / costs.graph_ops > 0.8 and 0.05 < costs.explained_share <= 1.0, costs.describe()
