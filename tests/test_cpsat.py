@@ -219,7 +219,7 @@ HEURISTICS = [name for name in solvers_for("barrier") if name != "cpsat"]
 @pytest.mark.parametrize("mode", ["barrier", "overlap"])
 def test_cpsat_is_never_worse_than_any_heuristic(graph, mode):
     problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
-    plan = get("cpsat")(problem, time_limit_s=5)
+    plan = get("cpsat")(problem, time_limit_s=2)  # its guarantees hold at any time limit
     best = min(get(h)(problem).predicted.iteration_s for h in HEURISTICS)
     assert plan.predicted.iteration_s <= best * (1 + 1e-9)
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
