@@ -27,7 +27,7 @@ def tied(world_size: int = 64, layers: int = 4) -> Problem:
 @pytest.mark.parametrize("solver", ["caramel", "pytorch-ddp", "cpsat"])
 def test_max_stale_fraction_zero_gives_the_overlap_plan_and_timeline(solver):
     problem = replace(tied(), max_stale_fraction=0.0)
-    options = {"time_limit_s": 5, "num_workers": 1, "seed": 1} if solver == "cpsat" else {}
+    options = {"time_limit_s": 2, "num_workers": 1, "seed": 1} if solver == "cpsat" else {}
     overlap = get(solver)(replace(problem, mode="overlap"), **options)
     if solver == "cpsat":  # two time-limited solves need not agree (a loaded host cuts a search sooner):
         from schedopt.solvers.stages import choose_stages  # the stage choice of the one overlap plan
