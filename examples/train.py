@@ -41,7 +41,8 @@ until the host returned, not until the kernels ran); in overlap and osp modes ho
 gradient's accumulation to ``backward()``'s return: DDP's exposed communication; not measured
 sharded or compiled); ``first_step``, the loop index of the first measured step (a profiler
 trace's ``ProfilerStep#N`` is loop index N); sharded, rank 0's every all-gather and
-reduce-scatter per step (kind, unit, bytes, issue and end in s from the step's start) and its peak
+reduce-scatter (with ``--replicas``, all-reduce) per step (kind, unit, bytes, issue and end in s from
+the step's start) and its peak
 of shards plus unsharded parameters and gradients per step.
 NCCL with CUDA (one GPU per local rank), gloo on CPU.
 """

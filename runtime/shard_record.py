@@ -1,4 +1,5 @@
-"""What a sharded run did, step by step: each all-gather and reduce-scatter, and the memory it held.
+"""What a sharded run did, step by step: each all-gather and reduce-scatter (and HSDP's all-reduce),
+and the memory it held.
 
 :func:`~schedopt.runtime.shard` gives every unit FSDP2's own collectives wrapped in a recording
 shell (``set_custom_all_gather`` / ``set_custom_reduce_scatter``, FSDP2's documented way to supply
@@ -30,6 +31,10 @@ defaults do, and notes, by the host's clock from the step's start,
   FSDP2 per block measured 26.7 MiB against 35.7 predicted: its 8.3 MiB embedding gradient, held
   through the backward, was out of sight).
 
+On an HSDP mesh, each unit's all-reduce across the replicas (FSDP2's own call, after the
+reduce-scatter) is recorded through FSDP2's ``set_all_reduce_hook``, which runs right after it
+(:meth:`ShardRecorder.all_reduce_hook`).
+
 A step begins at the root module's forward. :attr:`ShardRecorder.steps` holds them.
 
 ``all_gather_single`` / ``reduce_scatter_single`` are torch's newer names for
@@ -53,7 +58,7 @@ from torch.distributed.tensor import DTensor
 
 __all__ = ["ShardCollective", "ShardStepRecord", "ShardRecorder"]
 
-AG, RS = "all-gather", "reduce-scatter"
+AG, RS, AR = "all-gather", "reduce-scatter", "all-reduce"
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
@@ -228,6 +233,27 @@ class ShardRecorder:
         gather.twin = scatter
         return gather, scatter
 
+    def all_reduce_hook(self, scatter: ReduceScatter) -> Any:
+        """HSDP: the hook FSDP2 calls after the all-reduce of a unit's reduced shard across the replicas
+        (``set_all_reduce_hook``, on its all-reduce stream), recording that all-reduce: issued when the
+        unit's reduce-scatter ended (with shard groups of one rank there is none: when its output was
+        allocated, just before FSDP2 copies the gradients into it), ended now."""
+        assert isinstance(scatter, _RecordedReduceScatter)
+
+        def hook(reduce_output: torch.Tensor) -> None:
+            if not self._steps:
+                return
+            step = self._steps[-1]
+            issued, event = scatter.reduced
+            entry = ShardCollective(kind=AR, unit=scatter.unit, nbytes=_nbytes(reduce_output),
+                                    issue_s=issued - step.start, end_s=time.perf_counter() - step.start)
+            if step.start_event is not None:
+                entry.events, entry.end_s = (event, _event()), None
+            with self._lock:
+                step.collectives.append(entry)
+
+        return hook
+
     def watch_shared_gradients(self, _module: Any, _args: Any, output: Any) -> None:
         """After the root's forward: hook the consumers of every parameter that more than one op reads,
         so that its gradient counts from its first part (see the module docstring)."""
@@ -292,10 +318,16 @@ class _RecordedAllGather(_Recorded, AllGather):
 class _RecordedReduceScatter(_Recorded, ReduceScatter):
     """FSDP2's default reduce-scatter (``reduce_scatter_single``), recorded."""
 
+    #: when the unit's gradients were last reduced in its shard group (the host's clock, and on CUDA an
+    #: event on the reduce-scatter stream): the end of its reduce-scatter, or where a shard group of one
+    #: rank has none, the allocation of its output; HSDP's all-reduce across the replicas follows it
+    reduced: tuple[float, Any] = (0.0, None)
+
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         buffer = super().allocate(size, dtype=dtype, device=device)
         # the post-backward hook has just taken the unit's gradients off its parameters and resharded them
         self.recorder.sample(extra=_nbytes(buffer) + self.gathered_bytes)
+        self.reduced = (time.perf_counter(), _event() if self.recorder.cuda else None)
         return buffer
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
@@ -305,4 +337,5 @@ class _RecordedReduceScatter(_Recorded, ReduceScatter):
         start = rec._steps[-1].start if rec._steps else 0.0
         work = _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         rec._ended(entry, work if async_op else None, start)
+        self.reduced = (time.perf_counter(), _event() if rec.cuda else None)
         return work

@@ -211,10 +211,14 @@ def _apply(module: nn.Module, units: Sequence[Unit], kwargs: dict[str, Any]) -> 
         target = list(applied[k].modules) if len(applied[k].modules) > 1 else applied[k].head
         fully_shard(target, reshard_after_forward=units[k].reshard_after_forward, **kwargs)
     recorder = ShardRecorder(module, [a.modules for a in applied])
+    mesh = kwargs.get("mesh")
+    replicated = mesh is not None and mesh.ndim == 2 and mesh.size(0) > 1  # HSDP: an all-reduce after each
     for k, a in enumerate(applied):
         gather, scatter = recorder.comms(k)
         a.head.set_custom_all_gather(gather)  # type: ignore[operator]
         a.head.set_custom_reduce_scatter(scatter)  # type: ignore[operator]
+        if replicated:
+            a.head.set_all_reduce_hook(recorder.all_reduce_hook(scatter))  # type: ignore[operator]
     recorder.attach()
     _RECORDERS[module] = recorder
     return applied

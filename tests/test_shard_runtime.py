@@ -103,11 +103,19 @@ def test_on_3_ranks_within_1e_6_of_fsdp2_and_as_close_to_ddp_as_ddp_to_itself():
 @pytest.mark.parametrize("mesh_shape", [(2, 1), (1, 2)])
 def test_a_two_dimensional_mesh_is_hsdp_and_equals_torchs_own_bit_for_bit(mesh_shape):
     """``mesh=`` takes FSDP2's 2-D mesh (HSDP: replicated over the first dimension, sharded over the
-    second) as ``fully_shard`` does; the ranks agree along both dimensions."""
+    second) as ``fully_shard`` does; the ranks agree along both dimensions; the recorder sees the
+    replicas' all-reduces (FSDP2's ``set_all_reduce_hook``)."""
     name, plan = CASES["tiny_gpt units of several modules"](2)
     for r in run_ranks(workers.against_fsdp2_and_ddp, 2, name, plan, 3, mesh_shape=mesh_shape, timeout_s=150):
         assert r["plan_vs_per_block"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_per_block"]
         assert r["plan_vs_ddp"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_ddp"]
+        # what ran: with 2 replicas each unit's all-reduce across them (shard groups of one rank gather and
+        # reduce-scatter nothing); with 1, the all-gathers and reduce-scatters and no all-reduce
+        kinds = {c[0] for c in r["collectives"]}
+        reduced = sorted(c[1] for c in r["collectives"] if c[0] == ("all-reduce" if mesh_shape[0] > 1 else
+                                                                     "reduce-scatter"))
+        assert kinds == ({"all-reduce"} if mesh_shape[0] > 1 else {"all-gather", "reduce-scatter"}), kinds
+        assert reduced == list(range(len(plan.units))) and all(0 <= c[3] <= c[4] for c in r["collectives"])
 
 
 def test_a_plan_for_other_replicas_than_the_mesh_says_so_on_the_first_rank():
