@@ -145,9 +145,9 @@ def test_torchrun_applies_the_plan_in_schedopt_plan(tmp_path, mode):
 
 def test_torchrun_applies_an_hsdp_plan_on_a_two_dimensional_mesh(tmp_path):
     """``train.py --shard --replicas 2``: a plan made for 2 replicas (``--replicas 2``) through FSDP2 on
-    a (2, 1) mesh, quietly. A shard group of one rank issues no all-gather or reduce-scatter, so the
-    recorder (which wraps those) records none; the replicas' all-reduce is FSDP2's own, unrecorded. A
-    count that does not divide the ranks: one line."""
+    a (2, 1) mesh, quietly. A shard group of one rank issues no all-gather or reduce-scatter; each step
+    records the replicas' all-reduce of every unit (FSDP2's own call, seen through its all-reduce
+    hook). A count that does not divide the ranks: one line."""
     plan = tmp_path / "plan.json"
     assert main(["plan", f"{MODELS_FILE}:tiny_gpt", "--mode", "sharded", "--solver", "fsdp-per-block",
                  "--world-size", "2", "--replicas", "2", "-o", str(plan)]) == 0
@@ -160,7 +160,11 @@ def test_torchrun_applies_an_hsdp_plan_on_a_two_dimensional_mesh(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "replicated over" not in done.stderr  # the mesh is laid out as the plan
     run = json.loads(out.read_text())
-    assert run["kind"] == "schedopt-sharded" and run["rank0_collectives"] == [[], []]
+    units = len(json.loads(plan.read_text())["units"])
+    assert run["kind"] == "schedopt-sharded" and len(run["rank0_collectives"]) == 2
+    for step in run["rank0_collectives"]:
+        assert sorted((kind, unit) for kind, unit, *_ in step) == [("all-reduce", k) for k in range(units)]
+        assert all(0 <= issue <= end for *_, issue, end in step)
     bad = subprocess.run(cmd[:-2] + ["--replicas", "3"], env={**os.environ, "SCHEDOPT_PLAN": str(plan)},
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--replicas 3 does not divide the 2 ranks" in bad.stderr
