@@ -470,6 +470,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         from .whatif_sharded import check_inputs, what_sharded_plans_gain
 
         cluster = Cluster.load(args.cluster) if args.cluster else None
+        report.check_data_parallel()  # before the graph's import and the op matching
         sharded = is_sharded(report)
         if sharded:
             check_inputs(report, cluster)  # before the graph's import and the op matching

@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import SchedoptError
 from .intervals import clip, covered, covered_union, length, uncovered, union
 from .kineto import Collective, RankTrace
 
@@ -87,6 +88,16 @@ class Diagnosis:
     steps: list[StepRow]
     #: the ranks of the traced DeviceMesh's shard dimension (:func:`.kineto.mesh_shard_size`), if named
     shard_group: int | None = None
+    #: the traced mesh's dimensions of other parallelism (:func:`.kineto.model_parallel_dims`)
+    model_parallel: tuple[str, ...] = ()
+
+    def check_data_parallel(self) -> None:
+        """Raise SchedoptError where the traces name mesh dimensions of other parallelism: the what-ifs
+        plan data parallelism only."""
+        if self.model_parallel:
+            raise SchedoptError(f"the traces are of a run with other parallelism besides data parallelism "
+                                f"(mesh dimensions {', '.join(self.model_parallel)}): schedopt plans data "
+                                "parallelism only, and predicts no such run")
 
     @property
     def replicas(self) -> int:
@@ -98,7 +109,8 @@ class Diagnosis:
         median = {k: statistics.median(getattr(s, k) for s in self.steps)
                   for k in ("step_s", "compute_s", "comm_s", "exposed_comm_s", "limit_s")} if self.steps else {}
         return {"schema": DIAGNOSIS_SCHEMA, "device": self.device, "world_size": self.world_size,
-                "shard_group": self.shard_group, "replicas": self.replicas, "files": self.files, "median": median,
+                "shard_group": self.shard_group, "replicas": self.replicas,
+                "model_parallel": list(self.model_parallel), "files": self.files, "median": median,
                 "steps": [s.to_json() for s in self.steps]}
 
 
@@ -169,7 +181,7 @@ def diagnose(traces: list[RankTrace]) -> Diagnosis:
         compute = union((s.start, s.end) for s in t.compute)
         steps += [_step_row(t, n, compute) for n in common]
     return Diagnosis(device=traces[0].device, world_size=traces[0].world_size, files=[t.path for t in traces],
-                     steps=steps, shard_group=traces[0].shard_group)
+                     steps=steps, shard_group=traces[0].shard_group, model_parallel=traces[0].model_parallel)
 
 
 def format_report(report: Diagnosis) -> str:

@@ -83,6 +83,8 @@ class RankTrace:
     #: the ranks of a DeviceMesh's shard dimension (FSDP2's process group named ``mesh_*shard*`` in the
     #: trace's ``pg_config``), or None where the trace names none
     shard_group: int | None = None
+    #: the mesh dimensions of other parallelism the trace names (``mesh_tp``, ``mesh_dp_shard_cp``, ...)
+    model_parallel: tuple[str, ...] = ()
     compute: list[Span] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)
 
@@ -153,20 +155,35 @@ def load_trace(path: str | Path) -> RankTrace:
     cuda = any(e.get("cat") == "kernel" for e in events)
     trace = RankTrace(path=str(path), rank=info.get("rank"), world_size=info.get("world_size"),
                       device="cuda" if cuda else "cpu", steps={n: (s.start, s.end) for n, s, _ in steps},
-                      shard_group=mesh_shard_size(info))
+                      shard_group=mesh_shard_size(info), model_parallel=model_parallel_dims(info))
     (_read_cuda if cuda else _read_cpu)(trace, events, main_tid=steps[0][2])
     return trace
 
 
-def mesh_shard_size(info: dict[str, Any]) -> int | None:
-    """The size of the process group of a DeviceMesh's shard dimension in a trace's ``distributedInfo``:
-    torch names a mesh dimension's group ``mesh_<dimension name>`` (``mesh_shard``, torchtitan's
-    ``mesh_dp_shard``); a dimension over the whole world reuses the default group and is not listed."""
+#: the words of a mesh dimension's name that mean parallelism other than data parallelism (torchtitan's)
+MODEL_PARALLEL = frozenset({"tp", "pp", "cp", "ep", "etp"})
+
+
+def _mesh_groups(info: dict[str, Any]) -> list[tuple[list[str], int]]:
+    """The trace's DeviceMesh process groups: each dimension name's words, and its size. torch names a
+    mesh dimension's group ``mesh_<dimension name>`` in ``distributedInfo.pg_config``; a dimension over
+    the whole world reuses the default group and is not listed."""
     groups = info.get("pg_config") if isinstance(info.get("pg_config"), list) else []
-    sizes = [g.get("pg_size") for g in groups if isinstance(g, dict) and isinstance(g.get("pg_desc"), str)
-             and g["pg_desc"].startswith("mesh_") and "shard" in g["pg_desc"] and "replicate" not in g["pg_desc"]]
-    sizes = [n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n >= 1]
+    return [(g["pg_desc"][len("mesh_"):].split("_"), g["pg_size"]) for g in groups
+            if isinstance(g, dict) and isinstance(g.get("pg_desc"), str) and g["pg_desc"].startswith("mesh_")
+            and isinstance(g.get("pg_size"), int) and not isinstance(g["pg_size"], bool) and g["pg_size"] >= 1]
+
+
+def mesh_shard_size(info: dict[str, Any]) -> int | None:
+    """The size of a DeviceMesh's shard dimension in a trace's ``distributedInfo`` (``mesh_shard``,
+    torchtitan's ``mesh_dp_shard``), or None where it names none (:func:`_mesh_groups`)."""
+    sizes = [n for words, n in _mesh_groups(info) if "shard" in words and not MODEL_PARALLEL & set(words)]
     return min(sizes) if sizes else None
+
+
+def model_parallel_dims(info: dict[str, Any]) -> tuple[str, ...]:
+    """The mesh dimensions of other parallelism a trace names (tensor, pipeline, context, expert)."""
+    return tuple(sorted("_".join(words) for words, _ in _mesh_groups(info) if MODEL_PARALLEL & set(words)))
 
 
 def _pair(issues: list[tuple[Span, dict]], comms: list[tuple[Span, dict]]) -> list[Collective]:

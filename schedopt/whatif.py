@@ -69,6 +69,7 @@ def check_replicated(report: Diagnosis) -> None:
     """Raise SchedoptError, naming them, where the traces hold collectives only sharded runs issue
     (:func:`~schedopt.diagnose.sharded_collectives`) or an HSDP mesh: :mod:`schedopt.whatif_sharded` is
     their what-if."""
+    report.check_data_parallel()
     kinds = sharded_collectives(report)
     if kinds or report.replicas > 1:
         what = (f"{', '.join(kinds[:3])}: FSDP" if kinds else

@@ -73,6 +73,7 @@ class ShardedWhatIf:
 
 def check_inputs(report: Diagnosis, cluster: Cluster | None) -> None:
     """Raise SchedoptError where the traces are not of a sharded run, or no cluster gives the costs."""
+    report.check_data_parallel()
     if not is_sharded(report):
         raise SchedoptError("the traces hold no all-gather or reduce-scatter, nor an HSDP mesh: not a sharded run")
     if cluster is None:

@@ -152,18 +152,40 @@ def _pg(desc: str, size: int) -> dict:
     return {"pg_name": desc, "pg_desc": desc, "backend_config": "cuda:nccl", "pg_size": size, "ranks": list(range(size))}
 
 
-@pytest.mark.parametrize("groups, size", [
-    (None, None), ([_pg("default_pg", 2)], None), ([_pg("default_pg", 2), _pg("mesh_shard", 1)], 1),
-    ([_pg("default_pg", 16), _pg("mesh_dp_replicate", 2), _pg("mesh_dp_shard", 8)], 8),
-    ([_pg("default_pg", 16), _pg("mesh_dp_shard_cp", 8), _pg("mesh_tp", 4)], 8),
-    ([{"pg_desc": "mesh_shard", "pg_size": "8"}, "junk"], None),
+@pytest.mark.parametrize("groups, size, other", [
+    (None, None, ()), ([_pg("default_pg", 2)], None, ()), ([_pg("default_pg", 2), _pg("mesh_shard", 1)], 1, ()),
+    ([_pg("default_pg", 16), _pg("mesh_dp_replicate", 2), _pg("mesh_dp_shard", 8)], 8, ()),
+    ([_pg("default_pg", 32), _pg("mesh_dp_shard", 4), _pg("mesh_dp_shard_cp", 8), _pg("mesh_tp", 4)], 4,
+     ("dp_shard_cp", "tp")),
+    ([{"pg_desc": "mesh_shard", "pg_size": "8"}, "junk"], None, ()),
 ])
-def test_the_shard_group_is_read_from_the_traces_process_groups(groups, size):
+def test_the_shard_group_is_read_from_the_traces_process_groups(groups, size, other):
     """torch names a DeviceMesh dimension's process group ``mesh_<name>`` in the trace's pg_config; one
-    over the whole world reuses the default group and is not listed (FSDP over every rank)."""
-    from schedopt.kineto import mesh_shard_size
+    over the whole world reuses the default group and is not listed (FSDP over every rank). Dimensions
+    of tensor, pipeline, context or expert parallelism (torchtitan's names) are set apart."""
+    from schedopt.kineto import mesh_shard_size, model_parallel_dims
 
-    assert mesh_shard_size({} if groups is None else {"pg_config": groups}) == size
+    info = {} if groups is None else {"pg_config": groups}
+    assert (mesh_shard_size(info), model_parallel_dims(info)) == (size, other)
+
+
+def test_a_run_with_tensor_parallelism_gets_one_line_and_no_what_if(tmp_path, capsys):
+    """The per-step diagnosis holds for any run; the what-ifs plan data parallelism only and say so."""
+    for rank in (0, 1):
+        trace = cuda_trace(rank)
+        trace["distributedInfo"]["pg_config"] = [_pg("default_pg", 2), _pg("mesh_tp", 2)]
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(trace))
+    report = diagnose(load_traces([str(tmp_path)]))
+    assert report.model_parallel == ("tp",) and report.to_json()["model_parallel"] == ["tp"]
+    with pytest.raises(SchedoptError, match="mesh dimensions tp"):
+        what_plans_gain(report, transformer_like(2))
+    with pytest.raises(SchedoptError, match="plans data parallelism only"):
+        what_sharded_plans_gain(report, transformer_like(2), Cluster(world_size=2, bandwidth_Bps=1e9))
+    assert main(["diagnose", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["diagnose", str(tmp_path), "--model", "examples/models.py:tiny_gpt"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "other parallelism besides data parallelism" in err[0]
 
 
 def test_an_hsdp_run_whose_shard_groups_are_one_rank_gets_the_sharded_what_if(tmp_path, capsys):
