@@ -118,6 +118,22 @@ def test_a_two_dimensional_mesh_is_hsdp_and_equals_torchs_own_bit_for_bit(mesh_s
         assert reduced == list(range(len(plan.units))) and all(0 <= c[3] <= c[4] for c in r["collectives"])
 
 
+def test_hsdp_of_2_replicas_of_2_ranks_equals_torchs_own_and_records_each_all_reduce():
+    """A (2, 2) mesh on 4 ranks, both collectives real: parameters and optimizer state bit for bit torch's
+    FSDP2 per block on the same mesh, gradients as close to DDP's as torch's own (4 ranks sum in other
+    orders), and each unit's reduce-scatter followed by its all-reduce of the half it reduced, issued as
+    the reduce-scatter ended."""
+    name, plan = CASES["tiny_gpt units of several modules"](4)
+    for r in run_ranks(workers.against_fsdp2_and_ddp, 4, name, plan, 3, mesh_shape=(2, 2), timeout_s=200):
+        assert r["plan_vs_per_block"] == [(0.0, 0.0), (0.0, 0.0)], r["plan_vs_per_block"]
+        assert r["grads_vs_ddp"] == r["per_block_grads_vs_ddp"]
+        scatters = {c[1]: c for c in r["collectives"] if c[0] == "reduce-scatter"}
+        reduces = {c[1]: c for c in r["collectives"] if c[0] == "all-reduce"}
+        assert set(scatters) == set(reduces) == set(range(len(plan.units)))
+        for unit, (_, _, nbytes, issue, end) in reduces.items():
+            assert nbytes * 2 == scatters[unit][2] and scatters[unit][4] <= issue <= end
+
+
 def test_a_plan_for_other_replicas_than_the_mesh_says_so_on_the_first_rank():
     """A plan made with --replicas 2 on a mesh of 2 replicas: quiet; an FSDP plan there: one line on the
     mesh's first rank naming the layout it was made for and the one it runs on."""
