@@ -11,13 +11,15 @@ collective waits for the slowest rank, so a plan whose collectives sit on the cr
 every straggler; one that hides them has slack. Independent per-op variation mostly averages out
 over a step's hundreds of ops; a whole slow step (contention, a slow host) does not.
 
-Sharded data parallel too (``--modes sharded,hsdp``, no memory budget): every sharded solver against
-FSDP2 per block (``fsdp-per-block``) instead of DDP. ``hsdp`` shards over one node's ranks
+Sharded data parallel too (``--modes sharded,hsdp``, no memory budget; ``sharded-peak``,
+``hsdp-peak``: within FSDP2 per block's peak per rank): every sharded solver against FSDP2 per block
+(``fsdp-per-block``) instead of DDP. ``hsdp`` shards over one node's ranks
 (``--gpus-per-node``, linked by ``--shard-network``) and replicates across nodes: the forward's
 all-gathers wait for the slowest rank of a node, each reduce-scatter's all-reduce across the replicas
 for every rank (world sizes of one node are skipped: there HSDP is FSDP).
 
-    python bench/stragglers.py --models gpt2_small,bert_base,resnet50 --world-sizes 8,64 --modes sharded,hsdp \
+    python bench/stragglers.py --models gpt2_small,bert_base,resnet50 --world-sizes 8,64 \
+        --modes sharded,hsdp,sharded-peak,hsdp-peak \
         --json bench/results/stragglers_sharded.json --plot bench/results/stragglers_sharded.png
 
 Prints the table (and each solver's median change per spread); ``--plot`` draws the speedups.
@@ -26,9 +28,11 @@ Prints the table (and each solver's median change per spread); ``--plot`` draws 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from schedopt import Cluster, Problem
@@ -47,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--models", default="resnet50,vgg16,inception,gpt2_small,bert_base")
     parser.add_argument("--world-sizes", default="8,64")
     parser.add_argument("--network", default="100gbe")
-    parser.add_argument("--modes", default="barrier,overlap", help="of barrier, overlap, osp, sharded, hsdp")
+    parser.add_argument("--modes", default="barrier,overlap",
+                        help="of barrier, overlap, osp, sharded, hsdp, sharded-peak, hsdp-peak")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="hsdp: the ranks each unit is sharded over")
     parser.add_argument("--shard-network", choices=sorted(PRESETS), default="nvlink",
                         help="hsdp: the link inside a node (default nvlink)")
@@ -80,17 +85,23 @@ BASELINES = {"sharded": "fsdp-per-block"}
 
 
 def problem_of(graph, mode: str, n: int, args: argparse.Namespace) -> Problem | None:
-    """The case's problem: ``hsdp`` is ``sharded`` on nodes of ``--gpus-per-node`` ranks (None at one node)."""
+    """The case's problem: ``hsdp`` is ``sharded`` on nodes of ``--gpus-per-node`` ranks (None at one node);
+    ``-peak`` after either, within FSDP2 per block's peak per rank (no more memory than the baseline)."""
+    mode, _, peak = mode.partition("-")
     if mode != "hsdp":
-        return Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=n), mode=mode)
-    per_node = args.gpus_per_node
-    if n <= per_node or n % per_node:
-        print(f"  hsdp at {n} ranks: not {per_node}-rank nodes times more than one, skipped", file=sys.stderr)
+        problem = Problem(graph=graph, cluster=Cluster.preset(args.network, world_size=n), mode=mode)
+    elif n <= args.gpus_per_node or n % args.gpus_per_node:
+        print(f"  hsdp at {n} ranks: not {args.gpus_per_node}-rank nodes times more than one, skipped", file=sys.stderr)
         return None
-    inside = PRESETS[args.shard_network]
-    cluster = Cluster.preset(args.network, world_size=n, replicas=n // per_node,
-                             shard_bandwidth_Bps=inside["bandwidth_Bps"], shard_latency_s=inside["latency_s"])
-    return Problem(graph=graph, cluster=cluster, mode="sharded")
+    else:
+        inside = PRESETS[args.shard_network]
+        cluster = Cluster.preset(args.network, world_size=n, replicas=n // args.gpus_per_node,
+                                 shard_bandwidth_Bps=inside["bandwidth_Bps"], shard_latency_s=inside["latency_s"])
+        problem = Problem(graph=graph, cluster=cluster, mode="sharded")
+    if peak:
+        budget = get(BASELINES["sharded"])(problem).predicted.peak_memory_bytes
+        problem = replace(problem, memory_budget_bytes=math.ceil(budget))
+    return problem
 
 
 def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limit: float, seed: int) -> list[dict]:
@@ -100,7 +111,7 @@ def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limi
         try:
             plans[name] = get(name)(problem, seed=seed, **({"time_limit_s": time_limit} if name == "cpsat" else {}))
         except SolverError as exc:
-            print(f"  {name}: {exc}", file=sys.stderr)
+            print(f"  {exc}" if str(exc).startswith(name) else f"  {name}: {exc}", file=sys.stderr)
     ranks = problem.cluster.world_size
     periods, took = {}, {}
     for name, plan in plans.items():
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     spreads = parse_spreads(args.spreads)
     begin()
     started, rows = time.monotonic(), []
-    print(f"{'model':<11} {'ranks':>5} {'mode':<8} {'solver':<14} {'1 rank':>7} "
+    print(f"{'model':<11} {'ranks':>5} {'mode':<12} {'solver':<14} {'1 rank':>7} "
           + " ".join(f"{label(s):>13}" for s in spreads) + "  change")
     for model in args.models.split(","):
         graph = cached_graph(model, "a100")
@@ -134,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in case_rows(problem, spreads, time_limit=args.time_limit, seed=args.seed):
                     rows.append({"model": model, "world_size": n, "network": args.network, "mode": mode,
                                  "replicas": problem.cluster.replicas, "spreads": spreads, **r})
-                    print(f"{model:<11} {n:>5} {mode:<8} {r['solver']:<14} "
+                    print(f"{model:<11} {n:>5} {mode:<12} {r['solver']:<14} "
                           + f"{r['speedup'][0]:7.3f}x " + " ".join(f"{x:12.3f}x" for x in r["speedup"][1:]) + "  "
                           + " ".join(f"{c:+.1%}" for c in r["change"]))
     summary(rows, spreads)
@@ -163,7 +174,7 @@ def summary(rows: list[dict], spreads: list[tuple[float, float]]) -> None:
             parts = [f"{label(s)} at {n} ranks "
                      f"{statistics.median(r['change'][i] for r in mine if r['world_size'] == n):+.1%}"
                      for i, s in enumerate(spreads) for n in sorted({r["world_size"] for r in mine})]
-            print(f"{mode:<8} {solver:<14} median change of its speedup over {mine[0].get('baseline', 'pytorch-ddp')}: "
+            print(f"{mode:<12} {solver:<14} median change of its speedup over {mine[0].get('baseline', 'pytorch-ddp')}: "
                   + ", ".join(parts))
 
 

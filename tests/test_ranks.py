@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -254,4 +255,7 @@ def test_the_stragglers_bench_measures_sharded_solvers_against_fsdp2_per_block(g
     for r in rows:
         one, varied = r["periods_s"]
         assert varied > one and r["change"][0] == pytest.approx(r["speedup"][1] / r["speedup"][0] - 1)
+    peak = stragglers.problem_of(graph, "hsdp-peak", 16, args)  # no more memory than FSDP2 per block
+    per_block = get("fsdp-per-block")(replace(peak, memory_budget_bytes=None)).predicted.peak_memory_bytes
+    assert peak.cluster == hsdp.cluster and peak.memory_budget_bytes == math.ceil(per_block)
 
