@@ -348,9 +348,10 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
     command = (f"`python bench/stragglers.py {''.join(_stragglers_args(data))}--json bench/results/{name} --plot "
                f"bench/results/{png}`")
     args = data.get("arguments", {})
-    intro = (" each sharded solver's plan (made on one rank, no memory budget) and FSDP2 per block's on the rank"
-             f" model; `hsdp` shards over one node's {args.get('gpus_per_node')} ranks ({args.get('shard_network')})"
-             " and replicates across nodes" if sharded else
+    intro = (" each sharded solver's plan (made on one rank; no memory budget, or with `-peak` within FSDP2 per"
+             " block's peak per rank) and FSDP2 per block's on the rank model; `hsdp` shards over one node's"
+             f" {args.get('gpus_per_node')} ranks ({args.get('shard_network')}) and replicates across nodes"
+             if sharded else
              " each solver's plan (made on one rank) and DDP's on the rank model (`schedopt.ranks`)")
     baseline = "FSDP2 per block" if sharded else "DDP"
     lines = ["## Stragglers: every rank" + (", sharded" if sharded else ""), "",

@@ -187,20 +187,26 @@ def plot(rows: list[dict], spreads: list[tuple[float, float]], path: str) -> Non
     import matplotlib.pyplot as plt
 
     cases = sorted({(r["world_size"], r["mode"]) for r in rows})
-    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6), sharey=True, squeeze=False)
+    columns = min(4, len(cases))
+    height = math.ceil(len(cases) / columns)
+    fig, axes = plt.subplots(height, columns, figsize=(4.2 * columns, 3.6 * height), sharey=True, squeeze=False)
+    for ax in axes.flat[len(cases):]:
+        ax.set_visible(False)
     names = ["1 rank", *(label(s) for s in spreads)]
-    for ax, (n, mode) in zip(axes[0], cases):
+    color = {s: f"C{i}" for i, s in enumerate(sorted({r["solver"] for r in _planned(rows)}))}  # one per solver
+    for ax, (n, mode) in zip(axes.flat, cases):
         case = [r for r in _planned(rows) if (r["world_size"], r["mode"]) == (n, mode)]
         for solver in sorted({r["solver"] for r in case}):
             mine = [r["speedup"] for r in case if r["solver"] == solver]
             ax.plot(range(len(names)), [statistics.median(s[i] for s in mine) for i in range(len(names))],
-                    marker="o", label=solver)
+                    marker="o", label=solver, color=color[solver])
         ax.axhline(1.0, color="grey", lw=0.8)
         baseline = next((r.get("baseline", "pytorch-ddp") for r in rows if r["mode"] == mode), "pytorch-ddp")
         ax.set_title(f"{n} ranks, {mode} (over {baseline})", fontsize=9)
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("speedup (median over models)")
+    for row in axes:
+        row[0].set_ylabel("speedup (median over models)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
