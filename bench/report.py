@@ -28,6 +28,7 @@ from schedopt.units import format_bandwidth
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kept import SUFFIX, read_kept  # noqa: E402
 from solver_quality import CASES as SOLVER_QUALITY_CASES  # noqa: E402
+from stragglers import build_parser as stragglers_parser, label as spread_label  # noqa: E402
 from testbed import kept_runs, periods_of, rate_Bps, round_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -361,10 +362,7 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
     solvers = sorted({r["solver"] for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")})
     cases = sorted({(r["world_size"], r["mode"]) for r in rows})
 
-    def label(spread: list[float]) -> str:
-        return f"{spread[0]:.0%} op" + (f"/{spread[1]:.0%} step" if spread[1] else "")
-
-    head = ["solver"] + [f"{n} ranks {mode}, {label(s)}" for n, mode in cases for s in spreads]
+    head = ["solver"] + [f"{n} ranks {mode}, {spread_label(s)}" for n, mode in cases for s in spreads]
 
     def change(solver: str, case: tuple, i: int) -> str:
         mine = [r["change"][i] for r in rows if r["solver"] == solver and (r["world_size"], r["mode"]) == case]
@@ -373,14 +371,14 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
     body = [[solver] + [change(solver, case, i) for case in cases for i in range(len(spreads))] for solver in solvers]
     lines += table(head, body)
     lines += ["", "Every case:", ""]
-    lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [label(s) for s in spreads], [
+    lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [spread_label(s) for s in spreads], [
         [r["model"], str(r["world_size"]), r["mode"], r["solver"]] + [f"{x:.3f}x" for x in r["speedup"]]
         for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")])
     if sharded:
         lines += ["", "The step itself, the baseline's and cpsat's: one rank's, and how much longer at each spread. A"
                   " step that hides its compute behind the wire hides the stragglers too; one that computes most of"
                   " the time (HSDP inside NVLink, cpsat's) waits for the slowest rank at each all-reduce:", ""]
-        lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [label(s) for s in spreads], [
+        lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [spread_label(s) for s in spreads], [
             [r["model"], str(r["world_size"]), r["mode"], r["solver"], ms(r["periods_s"][0]) + " ms"]
             + [f"{p / r['periods_s'][0] - 1:+.1%}" for p in r["periods_s"][1:]]
             for r in rows if r["solver"] in (r["baseline"], "cpsat")])
@@ -389,9 +387,9 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
 
 def _stragglers_args(data: dict) -> list[str]:
     """The arguments of the committed run that differ from the bench's defaults, each with a trailing space."""
-    args = data.get("arguments", {})
-    named = {"models": "resnet50,vgg16,inception,gpt2_small,bert_base", "modes": "barrier,overlap"}
-    return [f"--{k} {args[k]} " for k in named if args.get(k, named[k]) != named[k]]
+    args, defaults = data.get("arguments", {}), vars(stragglers_parser().parse_args([]))
+    return [f"--{k.replace('_', '-')} {args[k]} " for k in ("models", "world_sizes", "modes")
+            if args.get(k, defaults[k]) != defaults[k]]
 
 
 def stragglers_sharded_section() -> list[str]:

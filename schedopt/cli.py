@@ -466,14 +466,15 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if args.model:  # the traced step predicted, and what the best plans would gain
         from .diagnose import is_sharded
         from .trace_costs import trace_costs
-        from .whatif import what_plans_gain
+        from .whatif import check_replicated, what_plans_gain
         from .whatif_sharded import check_inputs, what_sharded_plans_gain
 
         cluster = Cluster.load(args.cluster) if args.cluster else None
-        report.check_data_parallel()  # before the graph's import and the op matching
         sharded = is_sharded(report)
-        if sharded:
-            check_inputs(report, cluster)  # before the graph's import and the op matching
+        if sharded:  # refused before the graph's import and the op matching
+            check_inputs(report, cluster)
+        else:
+            check_replicated(report)
         costs = trace_costs(_graph(args), traces[0].path)
         limit = args.time_limit or 10.0
         whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit) if sharded else \
