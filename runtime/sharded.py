@@ -104,13 +104,13 @@ def shard(module: nn.Module, plan: Plan | str | os.PathLike[str] | None = None, 
     for group in groups:  # each rank agrees with its peers along every dimension: the whole mesh agrees
         check_agreement(plan, module, group, note_world=False)
     leads = all(dist.get_rank(g) == 0 for g in groups)  # the mesh's first rank: it logs
-    live = (dist.get_world_size(groups[-1]), math.prod(dist.get_world_size(g) for g in groups[:-1]))
+    live = _layout(mesh)
     if live != (plan.cluster.shard_group, plan.cluster.replicas) and leads:
         log.warning("schedopt.runtime.shard: units sharded over %d ranks and replicated over %d, the plan's over %d "
                     "and %d: its units apply, its prediction does not (plan with --world-size %d --replicas %d)",
                     *live, plan.cluster.shard_group, plan.cluster.replicas, live[0] * live[1], live[1])
     _check_units(plan, module)
-    _check_budget(plan, module, dist.get_world_size(groups[-1]))  # FSDP2 shards over the last dimension
+    _check_budget(plan, module, live[0])
     states = _apply(module, list(plan.units), kwargs)
     _prefetch(plan.units, states)
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
@@ -202,6 +202,14 @@ class _Applied:
     modules: tuple[nn.Module, ...]
 
 
+def _layout(mesh: Any) -> tuple[int, int]:
+    """(the ranks each unit is sharded over, the replicas) on FSDP2's mesh: it shards over the last
+    dimension and replicates over the others (None: the world, one replica)."""
+    if mesh is None:
+        return dist.get_world_size(), 1
+    return mesh.size(mesh.ndim - 1), math.prod(mesh.size(d) for d in range(mesh.ndim - 1))
+
+
 def _apply(module: nn.Module, units: Sequence[Unit], kwargs: dict[str, Any]) -> list[_Applied]:
     """``fully_shard`` every unit, the deepest first and the root last; attach the recorder."""
     named = dict(module.named_modules())
@@ -211,8 +219,7 @@ def _apply(module: nn.Module, units: Sequence[Unit], kwargs: dict[str, Any]) -> 
         target = list(applied[k].modules) if len(applied[k].modules) > 1 else applied[k].head
         fully_shard(target, reshard_after_forward=units[k].reshard_after_forward, **kwargs)
     recorder = ShardRecorder(module, [a.modules for a in applied])
-    mesh = kwargs.get("mesh")
-    replicated = mesh is not None and mesh.ndim == 2 and mesh.size(0) > 1  # HSDP: an all-reduce after each
+    replicated = _layout(kwargs.get("mesh"))[1] > 1  # HSDP: an all-reduce across the replicas after each
     for k, a in enumerate(applied):
         gather, scatter = recorder.comms(k)
         a.head.set_custom_all_gather(gather)  # type: ignore[operator]
