@@ -239,6 +239,7 @@ class ShardRecorder:
         unit's reduce-scatter ended (with shard groups of one rank there is none: when its output was
         allocated, just before FSDP2 copies the gradients into it), ended now."""
         assert isinstance(scatter, _RecordedReduceScatter)
+        scatter.tracks_reduced = True
 
         def hook(reduce_output: torch.Tensor) -> None:
             if not self._steps:
@@ -322,12 +323,17 @@ class _RecordedReduceScatter(_Recorded, ReduceScatter):
     #: event on the reduce-scatter stream): the end of its reduce-scatter, or where a shard group of one
     #: rank has none, the allocation of its output; HSDP's all-reduce across the replicas follows it
     reduced: tuple[float, Any] = (0.0, None)
+    tracks_reduced = False  # only HSDP's all-reduce hook reads it: no CUDA events for it elsewhere
+
+    def _reduced_now(self) -> None:
+        if self.tracks_reduced:
+            self.reduced = (time.perf_counter(), _event() if self.recorder.cuda else None)
 
     def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         buffer = super().allocate(size, dtype=dtype, device=device)
         # the post-backward hook has just taken the unit's gradients off its parameters and resharded them
         self.recorder.sample(extra=_nbytes(buffer) + self.gathered_bytes)
-        self.reduced = (time.perf_counter(), _event() if self.recorder.cuda else None)
+        self._reduced_now()
         return buffer
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
@@ -337,5 +343,5 @@ class _RecordedReduceScatter(_Recorded, ReduceScatter):
         start = rec._steps[-1].start if rec._steps else 0.0
         work = _reduce_scatter(output_tensor, input_tensor, op=op, group=group, async_op=async_op)
         rec._ended(entry, work if async_op else None, start)
-        self.reduced = (time.perf_counter(), _event() if rec.cuda else None)
+        self._reduced_now()
         return work
