@@ -200,12 +200,8 @@ def test_torchrun_compile_applies_a_compiled_plan_and_compiles_the_ddp_baseline(
         done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(out.read_text())["kind"] == kind
-    # the eager runtime refuses the compiled plan and says where it runs
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "train.py"), "tiny_branches", "--steps", "1", "--threads", "1"]
-    done = subprocess.run(cmd, env={**os.environ, "SCHEDOPT_PLAN": str(plan)}, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0 and "schedopt.runtime.compile" in done.stderr
+    # (that the eager runtime refuses a compiled plan, naming schedopt.runtime.compile, is test_runtime's: in
+    # process, without a third launch)
 
 
 def test_testbed_refuses_without_root_and_bad_modes(monkeypatch, capsys):

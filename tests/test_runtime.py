@@ -133,8 +133,9 @@ def test_compiled_plans_are_refused_with_what_to_do():
 
     plan = ddp_plan("tiny_cnn")
     model = workers.build("tiny_cnn")[0]
-    with pytest.raises(InvalidPlanError, match="--execution eager"):
+    with pytest.raises(InvalidPlanError, match="--execution eager") as info:
         ScheduledDataParallel(model, replace(plan, execution="compiled"))
+    assert "schedopt.runtime.compile" in str(info.value)  # where it does run
     assert all(not p._post_accumulate_grad_hooks for p in model.parameters())  # refused before any hook
 
 
