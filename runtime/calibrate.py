@@ -28,6 +28,11 @@ Steps:
    B`` (:func:`schedopt.cluster.fit_shard_cost`): a backend need not run them
    as the ring formula says (gloo's reduce-scatter of 2 ranks takes as long as
    an all-reduce of the same buffer on a capped link, measured).
+
+With ``replicas`` (HSDP: FSDP2 on a 2-D mesh of ``replicas`` rows of consecutive ranks), each
+collective is swept on the group HSDP runs it on, all groups at once as HSDP runs them: the
+all-reduce across the replicas (the ranks that hold the same shard; its fit is the cluster's link)
+and the all-gather and reduce-scatter inside a replica (the cluster's ``shard_costs``).
 """
 
 from __future__ import annotations
@@ -71,9 +76,16 @@ class Calibration:
     #: the compute whose interference was measured: the model's name, or ``matmul`` (the stand-in)
     interference_of: str = "matmul"
 
+    @property
+    def link(self) -> Cluster:
+        """The all-reduce the sweep fitted: over every rank, or with HSDP replicas over one rank of each."""
+        if self.cluster.replicas == 1:
+            return self.cluster
+        return replace(self.cluster, world_size=self.cluster.replicas, replicas=1)
+
     def to_json(self) -> dict[str, Any]:
-        return {"backend": self.backend, **asdict(self.quality),
-                "measurements": [asdict(m) for m in self.measurements],
+        return {"backend": self.backend, **asdict(self.quality), "allreduce_ranks": self.link.world_size,
+                "shard_group": self.cluster.shard_group, "measurements": [asdict(m) for m in self.measurements],
                 "interference_samples": list(self.interference_samples), "interference_of": self.interference_of}
 
 
@@ -88,10 +100,13 @@ def _device(process_group: Any) -> Any:
 
 def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, time_limit_s: float = 60.0,
                       process_group: Any = None, min_repeats: int = 3, max_repeats: int = 20,
-                      collective: str = "all-reduce", sizes: list[int] | None = None) -> list[Measurement]:
+                      collective: str = "all-reduce", sizes: list[int] | None = None,
+                      agree_on: Any = None) -> list[Measurement]:
     """Time collectives of growing sizes on ``process_group`` (steps 1-2 of the module docstring):
     all-reduces, or FSDP2's ``all-gather`` / ``reduce-scatter`` of that many unsharded bytes; ``sizes``
-    (the same on every rank) instead of ``min_bytes`` to ``max_bytes`` by factors of 4."""
+    (the same on every rank) instead of ``min_bytes`` to ``max_bytes`` by factors of 4. The ranks of
+    ``agree_on`` (a group holding ``process_group``'s ranks, HSDP's groups measuring at once; default
+    ``process_group``) run the same sizes and return the same medians, the slowest of theirs."""
     import torch
     import torch.distributed as dist
 
@@ -99,6 +114,7 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
         raise SchedoptError(f"calibrate needs 4 <= min size <= max size, got {min_bytes} and {max_bytes}")
     device = _device(process_group)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    agree_on = process_group if agree_on is None else agree_on
     if sizes is None:
         sizes, size = [], min_bytes
         while size <= max_bytes:
@@ -108,11 +124,11 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
     results: list[tuple[int, float, int]] = []
     last_s = 0.0
     for nbytes in sizes:
-        # rank 0 decides for everyone whether this size still fits the limit
+        # rank 0 (of agree_on) decides for everyone whether this size still fits the limit
         elapsed = time.perf_counter() - started
         go = torch.tensor([int(not results or elapsed + 4 * last_s * (min_repeats + 1) <= time_limit_s)],
                           device=device)
-        dist.broadcast(go, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group)
+        dist.broadcast(go, src=dist.get_global_rank(agree_on, 0) if agree_on else 0, group=agree_on)
         if not go.item():
             break
         run = _collective(collective, nbytes, device, process_group)
@@ -131,7 +147,7 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
         last_s = statistics.median(samples)
         results.append((nbytes, last_s, len(samples)))
     medians = torch.tensor([m for _, m, _ in results], dtype=torch.float64, device=device)
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=process_group)
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=agree_on)
     return [Measurement(nbytes=n, median_s=float(t), num_repeats=r)
             for (n, _, r), t in zip(results, medians.tolist())]
 
@@ -251,51 +267,86 @@ class AllReduceLoad:
             raise self.error
 
 
-def calibrate_process_group(*, process_group: Any = None, algorithm: str = "ring", force: bool = False,
-                            model: tuple[str, Callable[[], Any]] | None = None, interference_samples: int | None = None,
-                            **sweep: Any) -> Calibration:
+def calibrate_process_group(*, process_group: Any = None, replicas: int = 1, algorithm: str = "ring",
+                            force: bool = False, model: tuple[str, Callable[[], Any]] | None = None,
+                            interference_samples: int | None = None, **sweep: Any) -> Calibration:
     """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``; ``model``: its name
     and one forward and backward of it, the compute whose interference step 4 measures, in
     ``interference_samples`` samples (default 9 with a model, 15 with the matmul; each takes 0.6 s or more).
+    ``replicas``: HSDP's (the module docstring; the default group only); 1: FSDP or data parallel.
 
     Raises:
-        SchedoptError: one rank, or fewer than two sizes measured within the time limit.
+        SchedoptError: one rank; replicas that do not divide the ranks; fewer than two sizes measured
+            within the time limit.
         CalibrationError: the fit misses a size plans issue by more than 50% after measuring it again
             (step 3; with ``force``, a warning and the fit kept).
     """
     import torch.distributed as dist
 
+    process_group = dist.group.WORLD if process_group is None else process_group
     world_size = dist.get_world_size(process_group)
     if world_size < 2:
         raise SchedoptError("calibrate needs at least 2 ranks (one rank does not communicate)")
-    measurements = measure_allreduce(process_group=process_group, **sweep)
-    if len(measurements) < 2:
-        raise SchedoptError("calibrate measured fewer than two sizes within its time limit; give it more time")
-    cluster, measurements = _fit_and_remeasure(measurements, world_size=world_size, algorithm=algorithm,
-                                               name=f"calibrated-{dist.get_backend(process_group)}",
-                                               process_group=process_group, sweep=sweep, force=force)
-    sizes = [m.nbytes for m in measurements]
-    times = [m.median_s for m in measurements]
-    quality = fit_quality(cluster, sizes, times)
-    interference = measure_interference(cluster, process_group=process_group, work=model[1] if model else None,
-                                        num_samples=interference_samples or (9 if model else 15))
-    backend = str(dist.get_backend(process_group))
-    shard_costs = {}
-    for kind in ("all-gather", "reduce-scatter"):  # step 5
-        swept = measure_allreduce(process_group=process_group, collective=kind, **{
+    across, inside = _mesh_groups(replicas, process_group)
+    try:
+        measurements = measure_allreduce(process_group=across, agree_on=process_group, **sweep)
+        if len(measurements) < 2:
+            raise SchedoptError("calibrate measured fewer than two sizes within its time limit; give it more time")
+        backend = str(dist.get_backend(process_group))
+        link, measurements = _fit_and_remeasure(measurements, world_size=dist.get_world_size(across),
+                                                algorithm=algorithm, name=f"calibrated-{backend}",
+                                                process_group=across, agree_on=process_group, sweep=sweep,
+                                                force=force)
+        quality = fit_quality(link, [m.nbytes for m in measurements], [m.median_s for m in measurements])
+        interference = measure_interference(link, process_group=process_group, work=model[1] if model else None,
+                                            num_samples=interference_samples or (9 if model else 15))
+        shard_costs = _sweep_shard_costs(inside, sweep, agree_on=process_group) if inside is not None else {}
+    finally:
+        for group in {across, inside} - {process_group, None}:
+            dist.destroy_process_group(group)
+    cluster = replace(link, world_size=world_size, replicas=replicas, shard_costs=shard_costs or None,
+                      interference=round(statistics.median(interference), 3),
+                      backend="gloo" if backend == "gloo" else "nccl")
+    return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements), backend=backend,
+                       interference_samples=tuple(interference), interference_of=model[0] if model else "matmul")
+
+
+def _mesh_groups(replicas: int, process_group: Any) -> tuple[Any, Any]:
+    """This rank's groups ``(across the replicas, inside its replica)`` as FSDP2's 2-D mesh lays the ranks
+    out (``replicas`` rows of consecutive ranks); without replicas both are ``process_group`` (a group,
+    not None), and where every replica is one rank there is nothing inside (None)."""
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size(process_group)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1 or world_size % replicas:
+        raise SchedoptError(f"replicas must be a whole number that divides the {world_size} ranks, got {replicas!r}")
+    if replicas == 1:
+        return process_group, process_group
+    if process_group is not dist.group.WORLD:
+        raise SchedoptError("calibrate lays HSDP's mesh out on the default process group only")
+    n = world_size // replicas
+    if n == 1:
+        return process_group, None
+    inside, _ = dist.new_subgroups_by_enumeration([list(range(r * n, (r + 1) * n)) for r in range(replicas)])
+    across, _ = dist.new_subgroups_by_enumeration([list(range(s, world_size, n)) for s in range(n)])
+    return across, inside
+
+
+def _sweep_shard_costs(group: Any, sweep: dict, *, agree_on: Any) -> dict[str, tuple[float, float]]:
+    """Step 5 on ``group``: the all-gather and the reduce-scatter, each fitted where two sizes were measured."""
+    costs = {}
+    for kind in ("all-gather", "reduce-scatter"):
+        swept = measure_allreduce(process_group=group, collective=kind, agree_on=agree_on, **{
             **sweep, "min_bytes": max(sweep.get("min_bytes", 0), 64 << 10),
             "time_limit_s": sweep.get("time_limit_s", 60.0) / 2})
         if len(swept) >= 2:
-            shard_costs[kind] = fit_shard_cost([m.nbytes for m in swept], [m.median_s for m in swept])
-    cluster = replace(cluster, interference=round(statistics.median(interference), 3),
-                      backend="gloo" if backend == "gloo" else "nccl", shard_costs=shard_costs or None)
-    return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements),
-                       backend=str(dist.get_backend(process_group)), interference_samples=tuple(interference),
-                       interference_of=model[0] if model else "matmul")
+            costs[kind] = fit_shard_cost([m.nbytes for m in swept], [m.median_s for m in swept])
+    return costs
 
 
 def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algorithm: str, name: str,
-                       process_group: Any, sweep: dict, force: bool = False) -> tuple[Cluster, list[Measurement]]:
+                       process_group: Any, sweep: dict, agree_on: Any = None,
+                       force: bool = False) -> tuple[Cluster, list[Measurement]]:
     """Step 3: fit; measure again the sizes measured slower than the fit, and every size plans issue when
     the fit misses one of them or no line through them rises (each keeps its faster median); refit
     (where still no line rises, after one more sweep of every size); refuse a fit that still misses."""
@@ -318,7 +369,8 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
         again = plan_sizes
     def remeasure(sizes: set[int]) -> list[Measurement]:
         options = {k: v for k, v in sweep.items() if k in ("min_repeats", "max_repeats")}
-        remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, sizes=sorted(sizes),
+        remeasured = {m.nbytes: m for m in measure_allreduce(process_group=process_group, agree_on=agree_on,
+                                                             sizes=sorted(sizes),
                                                              time_limit_s=sweep.get("time_limit_s", 60.0), **options)}
         return [min(m, remeasured.get(m.nbytes, m), key=lambda x: x.median_s) for m in measurements]
 

@@ -160,8 +160,10 @@ def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
         overrides.update(shard_bandwidth_Bps=link["bandwidth_Bps"], shard_latency_s=link["latency_s"])
     if not overrides:
         return base
-    if "bandwidth_Bps" in overrides or "latency_s" in overrides:
-        overrides["name"] = "custom"
+    if "world_size" in overrides or "replicas" in overrides:
+        base = base.with_ranks(overrides.pop("world_size", base.world_size), overrides.pop("replicas", base.replicas))
+    if "bandwidth_Bps" in overrides or "latency_s" in overrides:  # another link than the one measured
+        overrides.update(name="custom", shard_costs=None)
     return Cluster(**{**base.to_json(), **overrides})
 
 
@@ -425,13 +427,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         model = (spec.name, spec.forward_backward())
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
                                 max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,
-                                algorithm=args.algorithm, force=args.force, model=model)
+                                algorithm=args.algorithm, force=args.force, model=model, replicas=args.replicas)
     if result is None:  # not rank 0
         return 0
     result.cluster.save(args.output, calibration=result.to_json())
+    if result.cluster.replicas > 1:
+        print(f"all-reduces across the {result.cluster.replicas} replicas ({result.link.world_size} ranks each):")
     for m in result.measurements:
         print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
-              f"(model {format_duration(result.cluster.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
+              f"(model {format_duration(result.link.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
     q = result.quality
     print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
           f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)}; interference measured on "
@@ -684,6 +688,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="file.py:factory: measure how much slower this model's forward and backward run "
                                    "beside the collectives (default: a matmul stands in for it)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
+    p.add_argument("--replicas", type=_positive_int, default=1,
+                   help="HSDP: measure each collective on the group it runs on in this many replica groups of "
+                        "consecutive ranks (FSDP2's 2-D mesh): all-reduces across them, all-gathers and "
+                        "reduce-scatters inside one (default 1: over every rank)")
     p.set_defaults(run=_cmd_calibrate)
 
     p = sub.add_parser("inspect", help="show what a plan holds")

@@ -236,6 +236,21 @@ class Cluster:
             time += self.replica_allreduce_s(nbytes)
         return time
 
+    def with_ranks(self, world_size: int, replicas: int = 1) -> Cluster:
+        """This cluster over ``world_size`` ranks in ``replicas`` HSDP replicas (the same link).
+
+        Raises:
+            SchedoptError: it holds :attr:`shard_costs`, measured over shard groups of another size than
+                these ranks would form (an all-gather over 8 ranks is not one over 2: calibrate again).
+        """
+        resized = replace(self, world_size=world_size, replicas=replicas)
+        if self.shard_costs and resized.shard_group != self.shard_group:
+            raise SchedoptError(
+                f"the cluster's all-gather and reduce-scatter costs were measured over {self.shard_group} ranks; "
+                f"{world_size} ranks in {replicas} replica(s) shard over {resized.shard_group}: calibrate on such "
+                f"a group (torchrun ... schedopt calibrate --replicas R), or plan without the measured costs")
+        return resized
+
     def replica_allreduce_s(self, nbytes: float) -> float:
         """The part of a reduce-scatter of ``nbytes`` unsharded bytes that crosses the HSDP replicas: the
         all-reduce of its ``nbytes / n`` reduced bytes among the :attr:`replicas` ranks that hold the

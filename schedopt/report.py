@@ -230,7 +230,8 @@ def sweep(
     rows: list[dict[str, Any]] = []
     cases = [(n, bw) for n in world_sizes for bw in bandwidths_Bps]
     for world_size, bandwidth in progress(cases):
-        cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep")
+        # each case's own link: costs measured on the base's (shard_costs) do not describe it
+        cluster = replace(base, world_size=world_size, bandwidth_Bps=bandwidth, name="sweep", shard_costs=None)
         problem = Problem(graph=graph, cluster=cluster, mode=mode, execution=execution,  # type: ignore[arg-type]
                           max_stale_fraction=max_stale_fraction, memory_budget_bytes=memory_budget_bytes,
                           rank_model=RankModel.measured(graph, world_size) if measured_ranks else None)

@@ -80,6 +80,14 @@ def check_inputs(report: Diagnosis, cluster: Cluster | None) -> None:
         raise SchedoptError("a sharded run's what-if needs the collectives' costs: give --cluster (from "
                             "torchrun ... -m schedopt calibrate, which measures FSDP2's all-gathers and "
                             "reduce-scatters)")
+    traced_cluster(report, cluster)  # its measured costs fit the traced shard groups
+
+
+def traced_cluster(report: Diagnosis, cluster: Cluster) -> Cluster:
+    """``cluster`` over the traced ranks, mesh and device."""
+    replicas = cluster.replicas if report.shard_group is None else report.replicas
+    return replace(cluster.with_ranks(report.world_size or cluster.world_size, replicas),
+                   backend="gloo" if report.device == "cpu" else "nccl")
 
 
 def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None, *,
@@ -87,16 +95,14 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
     """See the module docstring.
 
     Raises:
-        SchedoptError: the traces are not of a sharded run, or no cluster is given.
+        SchedoptError: the traces are not of a sharded run, no cluster is given, or its measured costs
+            are of shard groups of another size than the traced ones.
     """
     from .solvers import get, solvers_for
 
     check_inputs(report, cluster)
     assert cluster is not None
-    cluster = replace(cluster, world_size=report.world_size or cluster.world_size,
-                      backend="gloo" if report.device == "cpu" else "nccl",
-                      replicas=cluster.replicas if report.shard_group is None else report.replicas)
-    problem = Problem(graph=graph, cluster=cluster, mode="sharded")
+    problem = Problem(graph=graph, cluster=traced_cluster(report, cluster), mode="sharded")
     layout = get(TRACED_LAYOUT)(problem, seed=seed)
     peak = layout.predicted.peak_memory_bytes
     within = replace(problem, memory_budget_bytes=int(peak))
@@ -109,8 +115,8 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
         best[name] = (plan.predicted.iteration_s, plan.predicted.peak_memory_bytes)
     return ShardedWhatIf(measured_s=measured_step_s(report), predicted_s=layout.predicted.iteration_s,
                          peak_bytes=peak, traced_gathers=_gathers_per_step(report),
-                         layout_gathers=_layout_gathers(layout, cluster),
-                         cluster=cluster, best=dict(sorted(best.items(), key=lambda kv: kv[1][0])))
+                         layout_gathers=_layout_gathers(layout, problem.cluster),
+                         cluster=problem.cluster, best=dict(sorted(best.items(), key=lambda kv: kv[1][0])))
 
 
 def _gathers_per_step(report: Diagnosis) -> float:

@@ -236,6 +236,36 @@ def calibrate_small(rank: int, world: int) -> dict[str, Any]:
             "sizes": [m.nbytes for m in result.measurements], "json": result.to_json()}
 
 
+def calibrate_hsdp(rank: int, world: int, replicas: int) -> dict[str, Any]:
+    """A short sweep of HSDP's mesh; which ranks each kind of collective ran among (its groups)."""
+    import torch.distributed as dist
+
+    from schedopt.errors import SchedoptError
+    from schedopt.runtime.calibrate import calibrate_process_group
+
+    ran: dict[str, set] = {}
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather_single", "reduce_scatter_single")}
+
+    def recording(name):
+        def call(*args, group=None, **kwargs):
+            ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
+            ran.setdefault(name, set()).add(tuple(ranks))
+            return originals[name](*args, group=group, **kwargs)
+        return call
+
+    for name in originals:
+        setattr(dist, name, recording(name))
+    try:
+        result = calibrate_process_group(replicas=replicas, min_bytes=64 << 10, max_bytes=1 << 20, time_limit_s=10,
+                                         force=True, interference_samples=1)
+    except SchedoptError as exc:  # returned, not raised: the pool's ranks stay for the next task
+        return {"error": str(exc), "ran": ran}
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return {"cluster": result.cluster, "json": result.to_json(), "ran": ran}
+
+
 def calibrate_with_model(rank: int, world: int) -> dict[str, Any]:
     """A short sweep whose interference is measured on the tiny CNN's forward and backward."""
     from schedopt.importers import load_factory

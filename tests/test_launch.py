@@ -39,6 +39,29 @@ def test_calibrate_fits_a_cluster_on_real_gloo_ranks(tmp_path):
     assert first["json"]["interference_of"] == "matmul" and len(first["json"]["interference_samples"]) == 3
 
 
+def test_calibrate_measures_hsdp_collectives_on_the_groups_fsdp2s_mesh_runs_them_on():
+    """4 ranks as 2 replicas of 2 (mesh rows [0, 1] and [2, 3]): the all-reduces the link is fitted to
+    run across the replicas ([0, 2], [1, 3]), the all-gathers and reduce-scatters inside one."""
+    results = run_ranks(workers.calibrate_hsdp, 4, 2)
+    cluster = results[0]["cluster"]
+    assert (cluster.world_size, cluster.replicas, cluster.shard_group) == (4, 2, 2)
+    assert [k for k, *_ in cluster.shard_costs] == ["all-gather", "reduce-scatter"]
+    assert results[0]["json"]["allreduce_ranks"] == 2 and results[0]["json"]["shard_group"] == 2
+    assert all(r["cluster"] == cluster for r in results)  # both replica groups' medians: the slowest
+    for rank, result in enumerate(results):
+        row, column = [2 * (rank // 2), 2 * (rank // 2) + 1], [rank % 2, rank % 2 + 2]
+        assert result["ran"]["all_gather_single"] == result["ran"]["reduce_scatter_single"] == {tuple(row)}
+        # the sweep across the replicas; the interference load and the medians' maximum over every rank
+        assert tuple(column) in result["ran"]["all_reduce"] and tuple(row) not in result["ran"]["all_reduce"]
+    # replicas of one rank: nothing to gather inside them, the all-reduce over all four
+    alone = run_ranks(workers.calibrate_hsdp, 4, 4)[0]
+    assert alone["cluster"].shard_costs is None and alone["json"]["allreduce_ranks"] == 4
+    assert "all_gather_single" not in alone["ran"]
+    # replicas that do not divide the ranks: one error on every rank, before any collective
+    for refused in run_ranks(workers.calibrate_hsdp, 4, 3):
+        assert "divides the 4 ranks" in refused["error"] and not refused["ran"]
+
+
 def test_calibrate_measures_interference_on_the_model_it_is_given():
     results = run_ranks(workers.calibrate_with_model, 2)
     first = results[0]

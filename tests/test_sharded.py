@@ -245,6 +245,35 @@ def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas(tmp_path
     assert (planned.replicas, planned.shard_bandwidth_Bps, planned.bandwidth_Bps) == (2, 300e9, 12.5e9)
 
 
+def test_measured_shard_costs_apply_only_to_shard_groups_of_the_size_they_were_measured_on(tmp_path, capsys):
+    """A calibrated cluster's all-gather and reduce-scatter costs are of its shard group: planned for more
+    replicas of that group, they hold (the link across replicas extrapolates); for another group they are
+    refused in one line; for another link (--bandwidth, a sweep's bandwidths) the ring's costs replace them."""
+    from schedopt.cli import main
+    from schedopt.report import sweep
+
+    measured = Cluster(world_size=4, replicas=2, bandwidth_Bps=1e9, latency_s=1e-5,
+                       shard_costs={"all-gather": (1e-3, 1e-8), "reduce-scatter": (2e-3, 2e-8)})
+    assert measured.with_ranks(64, 32).shard_costs == measured.shard_costs  # still groups of 2
+    with pytest.raises(SchedoptError, match="measured over 2 ranks; 64 ranks in 8 replica.s. shard over 8"):
+        measured.with_ranks(64, 8)
+    graph = chain(4)
+    graph.save(tmp_path / "g.json")
+    measured.save(tmp_path / "c.json")
+    base = ["plan", str(tmp_path / "g.json"), "--mode", "sharded", "--solver", "fsdp-per-block", "--cluster",
+            str(tmp_path / "c.json"), "-o", str(tmp_path / "p.json")]
+    assert main([*base, "--world-size", "64", "--replicas", "32"]) == 0
+    assert Plan.load(tmp_path / "p.json").cluster.shard_costs == measured.shard_costs
+    capsys.readouterr()
+    assert main([*base, "--world-size", "64"]) == 2  # FSDP over 64: groups of 64
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "calibrate --replicas" in err
+    assert main([*base, "--bandwidth", "10Gbps"]) == 0
+    assert Plan.load(tmp_path / "p.json").cluster.shard_costs is None
+    rows = sweep(graph, measured, bandwidths_Bps=[1e8, 1e10], world_sizes=[4], solvers=["fsdp-root"], mode="sharded")
+    assert rows[0]["iteration_s"] > rows[1]["iteration_s"]  # each bandwidth's own costs, not the measured ones
+
+
 @st.composite
 def sharded_cases(draw):
     graph = chain(draw(st.integers(2, 5)), width=draw(st.sampled_from([64, 256, 1024])))
