@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, NoReturn, Sequence
@@ -419,6 +420,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .rendezvous import check_rendezvous_env
 
     check_rendezvous_env(what="schedopt calibrate (it measures the real process group)")
+    if int(os.environ["WORLD_SIZE"]) % args.replicas:
+        raise SchedoptError(f"--replicas {args.replicas} must divide the {os.environ['WORLD_SIZE']} ranks torchrun "
+                            "started (HSDP's mesh: replicas x ranks in each)")
     from .runtime.calibrate import calibrate_launched
 
     model = None
@@ -432,7 +436,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     result.cluster.save(args.output, calibration=result.to_json())
     if result.cluster.replicas > 1:
-        print(f"all-reduces across the {result.cluster.replicas} replicas ({result.link.world_size} ranks each):")
+        print(f"all-reduces across the {result.cluster.replicas} replicas (one rank of each):")
     for m in result.measurements:
         print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
               f"(model {format_duration(result.link.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")

@@ -98,6 +98,14 @@ def test_calibrate_with_a_torchrun_variable_set_but_empty_is_one_line(capsys, mo
     assert err.count("\n") == 1 and f"{name} set but empty" in err and "Traceback" not in err
 
 
+def test_calibrate_with_replicas_that_do_not_divide_the_ranks_is_one_line(capsys, monkeypatch):
+    for key, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(key, value)
+    assert main(["calibrate", "--replicas", "3", "-o", "c.json"]) == 2  # before joining any group
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--replicas 3 must divide the 2 ranks" in err
+
+
 @pytest.mark.parametrize(("changes", "says"), [
     ({"RANK": "x"}, "RANK='x' is not an integer"), ({"RANK": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
     ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"), ({"MASTER_PORT": "70000"}, "not a TCP port"),
