@@ -241,10 +241,13 @@ class Cluster:
 
         Raises:
             SchedoptError: it holds :attr:`shard_costs`, measured over shard groups of another size than
-                these ranks would form (an all-gather over 8 ranks is not one over 2: calibrate again).
+                these ranks would form (an all-gather over 8 ranks is not one over 2: calibrate again);
+                groups of one rank gather nothing and drop them.
         """
         resized = replace(self, world_size=world_size, replicas=replicas)
         if self.shard_costs and resized.shard_group != self.shard_group:
+            if resized.shard_group == 1:  # replicas of one rank: nothing is gathered inside them
+                return replace(resized, shard_costs=None)
             raise SchedoptError(
                 f"the cluster's all-gather and reduce-scatter costs were measured over {self.shard_group} ranks; "
                 f"{world_size} ranks in {replicas} replica(s) shard over {resized.shard_group}: calibrate on such "

@@ -146,6 +146,13 @@ def test_a_sharded_runs_what_if_is_fsdp2_per_block_and_the_plans_within_its_peak
     assert main(["diagnose", str(tmp_path), "--model", "examples/models.py:tiny_gpt"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs the collectives' costs: give --cluster" in err[0]
+    # a cluster whose all-gathers were measured over 4 ranks: this run shards over 2 (one line, before the import)
+    (tmp_path / "cluster").mkdir()
+    Cluster(world_size=4, bandwidth_Bps=1e9, shard_costs={"all-gather": (1e-4, 1e-9)}).save(tmp_path / "cluster" / "c.json")
+    assert main(["diagnose", str(tmp_path), "--model", "examples/models.py:tiny_gpt", "--cluster",
+                 str(tmp_path / "cluster" / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "measured over 4 ranks" in err[0] and "shard over 2" in err[0]
 
 
 def _pg(desc: str, size: int) -> dict:
@@ -209,6 +216,9 @@ def test_an_hsdp_run_whose_shard_groups_are_one_rank_gets_the_sharded_what_if(tm
     assert result.predicted_s == layout.predicted.iteration_s
     assert main(["diagnose", str(tmp_path)]) == 0
     assert "world size 2, HSDP: 2 replicas of 1" in capsys.readouterr().out
+    # a cluster whose all-gathers were measured over 2 ranks: shard groups of one rank gather nothing
+    measured = Cluster(world_size=2, bandwidth_Bps=1e9, shard_costs={"all-gather": (1e-4, 1e-9)})
+    assert what_sharded_plans_gain(report, graph, measured, time_limit_s=1).cluster.shard_costs is None
     other = cuda_trace(1)  # a rank of another layout
     other["distributedInfo"]["pg_config"] = [_pg("default_pg", 2)]
     (tmp_path / "rank1.json").write_text(json.dumps(other))
