@@ -148,7 +148,8 @@ def test_a_sharded_runs_what_if_is_fsdp2_per_block_and_the_plans_within_its_peak
     assert len(err) == 1 and "needs the collectives' costs: give --cluster" in err[0]
     # a cluster whose all-gathers were measured over 4 ranks: this run shards over 2 (one line, before the import)
     (tmp_path / "cluster").mkdir()
-    Cluster(world_size=4, bandwidth_Bps=1e9, shard_costs={"all-gather": (1e-4, 1e-9)}).save(tmp_path / "cluster" / "c.json")
+    measured = Cluster(world_size=4, bandwidth_Bps=1e9, shard_costs={"all-gather": (1e-4, 1e-9)})
+    measured.save(tmp_path / "cluster" / "c.json")
     assert main(["diagnose", str(tmp_path), "--model", "examples/models.py:tiny_gpt", "--cluster",
                  str(tmp_path / "cluster" / "c.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
