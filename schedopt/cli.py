@@ -156,9 +156,9 @@ def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
         overrides["algorithm"] = args.algorithm
     if args.replicas is not None:
         overrides["replicas"] = args.replicas
-    if args.shard_network is not None:
+    if args.shard_network is not None:  # the link inside a replica, instead of the costs measured there
         link = PRESETS[args.shard_network]
-        overrides.update(shard_bandwidth_Bps=link["bandwidth_Bps"], shard_latency_s=link["latency_s"])
+        overrides.update(shard_bandwidth_Bps=link["bandwidth_Bps"], shard_latency_s=link["latency_s"], shard_costs=None)
     if not overrides:
         return base
     if "world_size" in overrides or "replicas" in overrides:

@@ -248,7 +248,8 @@ def test_hsdp_shards_over_a_replica_and_all_reduces_across_the_replicas(tmp_path
 def test_measured_shard_costs_apply_only_to_shard_groups_of_the_size_they_were_measured_on(tmp_path, capsys):
     """A calibrated cluster's all-gather and reduce-scatter costs are of its shard group: planned for more
     replicas of that group, they hold (the link across replicas extrapolates); for another group they are
-    refused in one line; for another link (--bandwidth, a sweep's bandwidths) the ring's costs replace them."""
+    refused in one line; for another link (--bandwidth, --shard-network, a sweep's bandwidths) the ring's
+    costs replace them."""
     from schedopt.cli import main
     from schedopt.report import sweep
 
@@ -268,8 +269,9 @@ def test_measured_shard_costs_apply_only_to_shard_groups_of_the_size_they_were_m
     assert main([*base, "--world-size", "64"]) == 2  # FSDP over 64: groups of 64
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "calibrate --replicas" in err
-    assert main([*base, "--bandwidth", "10Gbps"]) == 0
-    assert Plan.load(tmp_path / "p.json").cluster.shard_costs is None
+    for other_link in (["--bandwidth", "10Gbps"], ["--shard-network", "nvlink"]):
+        assert main([*base, *other_link]) == 0
+        assert Plan.load(tmp_path / "p.json").cluster.shard_costs is None
     rows = sweep(graph, measured, bandwidths_Bps=[1e8, 1e10], world_sizes=[4], solvers=["fsdp-root"], mode="sharded")
     assert rows[0]["iteration_s"] > rows[1]["iteration_s"]  # each bandwidth's own costs, not the measured ones
 
