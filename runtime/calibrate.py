@@ -42,7 +42,7 @@ import math
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from schedopt.cluster import MISFIT, PLAN_SIZES_FROM, REFUSE, Cluster, FitQuality, calibrate, fit_quality, fit_shard_cost, misfits
@@ -75,6 +75,8 @@ class Calibration:
     interference_samples: tuple[float, ...] = ()
     #: the compute whose interference was measured: the model's name, or ``matmul`` (the stand-in)
     interference_of: str = "matmul"
+    #: step 5's sweeps, per kind (``all-gather``, ``reduce-scatter``), which the cluster's ``shard_costs`` fit
+    shard_measurements: dict[str, tuple[Measurement, ...]] = field(default_factory=dict)
 
     @property
     def link(self) -> Cluster:
@@ -86,6 +88,7 @@ class Calibration:
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, **asdict(self.quality), "allreduce_ranks": self.link.world_size,
                 "shard_group": self.cluster.shard_group, "measurements": [asdict(m) for m in self.measurements],
+                "shard_measurements": {kind: [asdict(m) for m in ms] for kind, ms in self.shard_measurements.items()},
                 "interference_samples": list(self.interference_samples), "interference_of": self.interference_of}
 
 
@@ -300,15 +303,17 @@ def calibrate_process_group(*, process_group: Any = None, replicas: int = 1, alg
         quality = fit_quality(link, [m.nbytes for m in measurements], [m.median_s for m in measurements])
         interference = measure_interference(link, process_group=process_group, work=model[1] if model else None,
                                             num_samples=interference_samples or (9 if model else 15))
-        shard_costs = _sweep_shard_costs(inside, sweep, agree_on=process_group) if inside is not None else {}
+        swept = _sweep_shard_collectives(inside, sweep, agree_on=process_group) if inside is not None else {}
     finally:
         for group in {across, inside} - {process_group, None}:
             dist.destroy_process_group(group)
+    shard_costs = {kind: fit_shard_cost([m.nbytes for m in ms], [m.median_s for m in ms]) for kind, ms in swept.items()}
     cluster = replace(link, world_size=world_size, replicas=replicas, shard_costs=shard_costs or None,
                       interference=round(statistics.median(interference), 3),
                       backend="gloo" if backend == "gloo" else "nccl")
     return Calibration(cluster=cluster, quality=quality, measurements=tuple(measurements), backend=backend,
-                       interference_samples=tuple(interference), interference_of=model[0] if model else "matmul")
+                       interference_samples=tuple(interference), interference_of=model[0] if model else "matmul",
+                       shard_measurements=swept)
 
 
 def _mesh_groups(replicas: int, process_group: Any) -> tuple[Any, Any]:
@@ -332,16 +337,16 @@ def _mesh_groups(replicas: int, process_group: Any) -> tuple[Any, Any]:
     return across, inside
 
 
-def _sweep_shard_costs(group: Any, sweep: dict, *, agree_on: Any) -> dict[str, tuple[float, float]]:
-    """Step 5 on ``group``: the all-gather and the reduce-scatter, each fitted where two sizes were measured."""
-    costs = {}
+def _sweep_shard_collectives(group: Any, sweep: dict, *, agree_on: Any) -> dict[str, tuple[Measurement, ...]]:
+    """Step 5 on ``group``: the all-gather's and the reduce-scatter's sweeps, each where it measured two sizes."""
+    swept = {}
     for kind in ("all-gather", "reduce-scatter"):
-        swept = measure_allreduce(process_group=group, collective=kind, agree_on=agree_on, **{
+        measured = measure_allreduce(process_group=group, collective=kind, agree_on=agree_on, **{
             **sweep, "min_bytes": max(sweep.get("min_bytes", 0), 64 << 10),
             "time_limit_s": sweep.get("time_limit_s", 60.0) / 2})
-        if len(swept) >= 2:
-            costs[kind] = fit_shard_cost([m.nbytes for m in swept], [m.median_s for m in swept])
-    return costs
+        if len(measured) >= 2:
+            swept[kind] = tuple(measured)
+    return swept
 
 
 def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algorithm: str, name: str,

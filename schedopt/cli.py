@@ -440,6 +440,13 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     for m in result.measurements:
         print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
               f"(model {format_duration(result.link.allreduce_s(m.nbytes))}, {m.num_repeats} runs)")
+    fitted = {kind: (fixed, per_byte) for kind, fixed, per_byte in result.cluster.shard_costs or ()}
+    for kind, swept in result.shard_measurements.items():  # FSDP2's collectives, per unsharded byte
+        fixed, per_byte = fitted[kind]
+        print(f"{kind}s over {result.cluster.shard_group} ranks:")
+        for m in swept:
+            print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
+                  f"(fit {format_duration(fixed + per_byte * m.nbytes)}, {m.num_repeats} runs)")
     q = result.quality
     print(f"{result.backend}, {result.cluster.describe()}; fit R^2 {q.r2:.4f}, worst residual "
           f"{q.worst_residual:.1%} at {format_size(q.worst_size_bytes)}; interference measured on "

@@ -35,6 +35,9 @@ def test_calibrate_fits_a_cluster_on_real_gloo_ranks(tmp_path):
     # FSDP2's collectives, measured on their own: the cluster's sharded costs are gloo's, not the ring's
     assert cluster.backend == "gloo" and [k for k, *_ in cluster.shard_costs] == ["all-gather", "reduce-scatter"]
     assert all(fixed >= 0 and per_byte > 0 for _, fixed, per_byte in cluster.shard_costs)
+    swept = first["json"]["shard_measurements"]  # the sweeps those fits come from, from 64 KiB
+    assert set(swept) == {"all-gather", "reduce-scatter"} and all(len(ms) >= 2 for ms in swept.values())
+    assert all(m["nbytes"] >= 64 << 10 and m["median_s"] > 0 for ms in swept.values() for m in ms)
     # the matmul stands in for the model's compute, in the samples asked for
     assert first["json"]["interference_of"] == "matmul" and len(first["json"]["interference_samples"]) == 3
 
