@@ -474,26 +474,34 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     from .diagnose import diagnose, format_report, plot_step
     from .kineto import load_traces
 
+    if args.plan and not args.model:
+        raise SchedoptError("--plan (the plan the traced run applied) needs --model, the traced model")
     traces = load_traces(args.traces)
     report = diagnose(traces)
     data = report.to_json()
     whatif = None
     if args.model:  # the traced step predicted, and what the best plans would gain
         from .diagnose import is_sharded
+        from .plan import validate
         from .trace_costs import trace_costs
         from .whatif import check_replicated, what_plans_gain
         from .whatif_sharded import check_inputs, what_sharded_plans_gain
 
         cluster = Cluster.load(args.cluster) if args.cluster else None
+        applied = Plan.load(args.plan) if args.plan else None
         sharded = is_sharded(report)
         if sharded:  # refused before the graph's import and the op matching
-            check_inputs(report, cluster)
+            check_inputs(report, cluster, applied)
         else:
-            check_replicated(report)
-        costs = trace_costs(_graph(args), traces[0].path)
+            check_replicated(report, applied)
+        graph = _graph(args)
+        if applied is not None:
+            validate(applied, graph)  # a plan of another model: before the op matching
+        costs = trace_costs(graph, traces[0].path)
         limit = args.time_limit or 10.0
-        whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit) if sharded else \
-            what_plans_gain(report, costs.graph, cluster, time_limit_s=limit, reference_rank=traces[0].rank or 0)
+        whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit, applied=applied) \
+            if sharded else what_plans_gain(report, costs.graph, cluster, time_limit_s=limit,
+                                            reference_rank=traces[0].rank or 0, applied=applied)
         data["what_if"] = {**whatif.to_json(), "trace_costs": costs.describe()}
     if args.json:
         write_json_atomic(args.json, data)
@@ -722,6 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the trace's op times and say what the best plan per mode would gain")
     p.add_argument("--cluster", help="with --model: the cluster file (default: fitted to the trace's collectives)")
     p.add_argument("--time-limit", type=_duration, default=None, help="with --model: cpsat's limit per mode (10s)")
+    p.add_argument("--plan", help="with --model: the plan the traced run applied (SCHEDOPT_PLAN), predicted beside "
+                                  "its measured step in place of DDP (sharded runs: of FSDP2 per block)")
     _add_model_options(p)
     p.set_defaults(run=_cmd_diagnose)
 

@@ -32,44 +32,77 @@ from .cluster import Cluster, calibrate
 from .diagnose import Diagnosis, sharded_collectives
 from .errors import SchedoptError, SolverError
 from .graph import TrainGraph
+from .plan import Plan, validate
 from .problem import Problem
 from .ranks import RankModel, simulate_ranks
 
-__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated", "measured_step_s"]
+__all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated", "measured_step_s",
+           "applied_problem"]
 
 MODES = ("barrier", "overlap", "osp")
 
 
 @dataclass(frozen=True, slots=True)
 class WhatIf:
-    measured_ddp_s: float
+    measured_s: float  # the traced run's step: DDP's, or the applied plan's
     predicted_ddp_s: float
     cluster: Cluster
     best: dict[str, tuple[str, float]]  # mode -> (solver, predicted step)
     ranks: RankModel = RankModel()
+    applied: tuple[str, str, float] | None = None  # the plan the traced run applied: (solver, mode, predicted step)
 
     def to_json(self) -> dict[str, Any]:
-        return {"measured_ddp_s": self.measured_ddp_s, "predicted_ddp_s": self.predicted_ddp_s,
-                "prediction_error": (self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s,
-                "cluster": self.cluster.to_json(),
-                "rank_model": self.ranks.to_json(),
+        ddp_traced = self.applied is None
+        data = {"measured_ddp_s": self.measured_s if ddp_traced else None, "predicted_ddp_s": self.predicted_ddp_s,
+                "prediction_error": _error(self.predicted_ddp_s, self.measured_s) if ddp_traced else None,
+                "cluster": self.cluster.to_json(), "rank_model": self.ranks.to_json(),
                 "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t}
                          for m, (s, t) in self.best.items()}}
+        if self.applied is not None:
+            solver, mode, t = self.applied
+            data["applied"] = {"solver": solver, "mode": mode, "measured_s": self.measured_s, "predicted_s": t,
+                               "prediction_error": _error(t, self.measured_s),
+                               "speedup_vs_ddp": self.predicted_ddp_s / t}
+        return data
 
     def describe(self) -> str:
-        lines = [f"DDP's step: measured {self.measured_ddp_s * 1e3:.1f} ms (the slowest rank's mean step), predicted "
-                 f"{self.predicted_ddp_s * 1e3:.1f} ms ({(self.predicted_ddp_s - self.measured_ddp_s) / self.measured_ddp_s:+.1%})"
-                 f" on {self.cluster.describe()}", f"  rank model: {self.ranks.describe()}"]
+        measured = f"measured {self.measured_s * 1e3:.1f} ms (the slowest rank's mean step)"
+        if self.applied is None:
+            lines = [f"DDP's step: {measured}, predicted {self.predicted_ddp_s * 1e3:.1f} ms "
+                     f"({_error(self.predicted_ddp_s, self.measured_s):+.1%}) on {self.cluster.describe()}"]
+        else:
+            solver, mode, t = self.applied
+            lines = [f"the applied plan's step ({mode}, {solver}): {measured}, predicted {t * 1e3:.1f} ms "
+                     f"({_error(t, self.measured_s):+.1%}, {self.predicted_ddp_s / t:.3f}x DDP's predicted "
+                     f"{self.predicted_ddp_s * 1e3:.1f} ms) on {self.cluster.describe()}"]
+        lines.append(f"  rank model: {self.ranks.describe()}")
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
                   for mode, (solver, t) in self.best.items()]
         return "\n".join(lines)
 
 
-def check_replicated(report: Diagnosis) -> None:
+def _error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured
+
+
+def applied_problem(plan: Plan, graph: TrainGraph, cluster: Cluster) -> Problem:
+    """The problem a traced run's plan ran: its mode and execution on the what-if's graph and cluster.
+
+    Raises:
+        InvalidPlanError: the plan is not one of ``graph`` (another model, a mismatched parameter).
+    """
+    validate(plan, graph)
+    return Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution)  # type: ignore[arg-type]
+
+
+def check_replicated(report: Diagnosis, applied: Plan | None = None) -> None:
     """Raise SchedoptError, naming them, where the traces hold collectives only sharded runs issue
     (:func:`~schedopt.diagnose.sharded_collectives`) or an HSDP mesh: :mod:`schedopt.whatif_sharded` is
-    their what-if."""
+    their what-if; or where the plan the run applied is a sharded one."""
     report.check_data_parallel()
+    if applied is not None and applied.mode == "sharded":
+        raise SchedoptError("the traces are of a replicated run (all-reduces), and --plan is a sharded plan "
+                            "(FSDP2 units): give the plan the traced run applied")
     kinds = sharded_collectives(report)
     if kinds or report.replicas > 1:
         what = (f"{', '.join(kinds[:3])}: FSDP" if kinds else
@@ -127,16 +160,21 @@ def rank_model(report: Diagnosis, graph: TrainGraph, *, reference_rank: int = 0,
 
 
 def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None = None, *,
-                    time_limit_s: float = 10.0, seed: int = 0, reference_rank: int = 0) -> WhatIf:
-    """See the module docstring; ``graph``'s op times are ``reference_rank``'s."""
+                    time_limit_s: float = 10.0, seed: int = 0, reference_rank: int = 0,
+                    applied: Plan | None = None) -> WhatIf:
+    """See the module docstring; ``graph``'s op times are ``reference_rank``'s. ``applied``: the plan
+    the traced run applied (``SCHEDOPT_PLAN``), predicted beside the measured step instead of DDP."""
     from .solvers import get, solvers_for
 
-    check_replicated(report)
+    check_replicated(report, applied)
     cluster = cluster or cluster_from_trace(report)
     ranks = rank_model(report, graph, reference_rank=reference_rank, seed=seed)
     measured = measured_step_s(report)
     barrier = Problem(graph=graph, cluster=cluster, mode="barrier")
     ddp = simulate_ranks(barrier, get("pytorch-ddp")(barrier, seed=seed), ranks).period
+    if applied is not None:
+        traced = (applied.solver.name, applied.mode,
+                  simulate_ranks(applied_problem(applied, graph, cluster), applied, ranks).period)
     best: dict[str, tuple[str, float]] = {}
     for mode in MODES:
         problem = Problem(graph=graph, cluster=cluster, mode=mode)
@@ -148,4 +186,5 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
             t = simulate_ranks(problem, plan, ranks).period
             if mode not in best or t < best[mode][1]:
                 best[mode] = (name, t)
-    return WhatIf(measured_ddp_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks)
+    return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks,
+                  applied=traced if applied is not None else None)

@@ -31,8 +31,9 @@ from .errors import OverBudgetError, SchedoptError
 from .graph import TrainGraph
 from .plan import Plan
 from .problem import Problem
+from .simulate import simulate
 from .units import format_size
-from .whatif import measured_step_s
+from .whatif import applied_problem, measured_step_s
 
 __all__ = ["ShardedWhatIf", "check_inputs", "what_sharded_plans_gain"]
 
@@ -49,9 +50,11 @@ class ShardedWhatIf:
     layout_gathers: int  # what FSDP2 per block issues per step
     cluster: Cluster
     best: dict[str, tuple[float, float]]  # solver -> (predicted step, peak per rank), fastest first
+    applied: str | None = None  # the solver of the plan the traced run applied, where given: the layout then
 
     def to_json(self) -> dict[str, Any]:
-        return {"layout": TRACED_LAYOUT, "measured_s": self.measured_s, "predicted_s": self.predicted_s,
+        return {"layout": self.applied or TRACED_LAYOUT, "applied": self.applied is not None,
+                "measured_s": self.measured_s, "predicted_s": self.predicted_s,
                 "prediction_error": (self.predicted_s - self.measured_s) / self.measured_s,
                 "peak_memory_bytes": self.peak_bytes, "traced_all_gathers_per_step": self.traced_gathers,
                 "layout_all_gathers_per_step": self.layout_gathers, "cluster": self.cluster.to_json(),
@@ -60,20 +63,27 @@ class ShardedWhatIf:
 
     def describe(self) -> str:
         error = (self.predicted_s - self.measured_s) / self.measured_s
+        layout, short = (f"the applied plan ({self.applied})", "the plan") if self.applied else \
+            ("FSDP2 per block", "per block")
         lines = [f"the traced step: measured {self.measured_s * 1e3:.1f} ms (the slowest rank's mean step), "
-                 f"predicted as FSDP2 per block {self.predicted_s * 1e3:.1f} ms ({error:+.1%}), peak "
+                 f"predicted as {layout} {self.predicted_s * 1e3:.1f} ms ({error:+.1%}), peak "
                  f"{format_size(self.peak_bytes)} per rank, on {self.cluster.describe()}",
-                 f"  all-gathers per step: {self.traced_gathers:.1f} traced, {self.layout_gathers} per block"
+                 f"  all-gathers per step: {self.traced_gathers:.1f} traced, {self.layout_gathers} "
+                 f"{'in the plan' if self.applied else short}"
                  + ("" if round(self.traced_gathers) == self.layout_gathers else
-                    " (the traced run is laid out otherwise: the prediction is per block's)")]
-        lines += [f"  {name:15s} {t * 1e3:.1f} ms ({self.predicted_s / t:.3f}x per block, predicted), peak "
+                    f" (the traced run is laid out otherwise: the prediction is {short}'s)")]
+        lines += [f"  {name:15s} {t * 1e3:.1f} ms ({self.predicted_s / t:.3f}x {short}, predicted), peak "
                   f"{format_size(peak)}" for name, (t, peak) in self.best.items()]
         return "\n".join(lines)
 
 
-def check_inputs(report: Diagnosis, cluster: Cluster | None) -> None:
-    """Raise SchedoptError where the traces are not of a sharded run, or no cluster gives the costs."""
+def check_inputs(report: Diagnosis, cluster: Cluster | None, applied: Plan | None = None) -> None:
+    """Raise SchedoptError where the traces are not of a sharded run, no cluster gives the costs, or the
+    plan the run applied is not a sharded one."""
     report.check_data_parallel()
+    if applied is not None and applied.mode != "sharded":
+        raise SchedoptError(f"the traces are of a sharded run, and --plan is a bucketed plan ({applied.mode} mode): "
+                            "give the sharded plan the traced run applied")
     if not is_sharded(report):
         raise SchedoptError("the traces hold no all-gather or reduce-scatter, nor an HSDP mesh: not a sharded run")
     if cluster is None:
@@ -91,8 +101,9 @@ def traced_cluster(report: Diagnosis, cluster: Cluster) -> Cluster:
 
 
 def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None, *,
-                            time_limit_s: float = 10.0, seed: int = 0) -> ShardedWhatIf:
-    """See the module docstring.
+                            time_limit_s: float = 10.0, seed: int = 0, applied: Plan | None = None) -> ShardedWhatIf:
+    """See the module docstring; ``applied``: the plan the traced run applied (``SCHEDOPT_PLAN``), the
+    layout predicted and planned against instead of FSDP2 per block.
 
     Raises:
         SchedoptError: the traces are not of a sharded run, no cluster is given, or its measured costs
@@ -100,10 +111,14 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
     """
     from .solvers import get, solvers_for
 
-    check_inputs(report, cluster)
+    check_inputs(report, cluster, applied)
     assert cluster is not None
     problem = Problem(graph=graph, cluster=traced_cluster(report, cluster), mode="sharded")
-    layout = get(TRACED_LAYOUT)(problem, seed=seed)
+    if applied is None:
+        layout = get(TRACED_LAYOUT)(problem, seed=seed)
+    else:
+        predicted = simulate(applied_problem(applied, graph, problem.cluster), applied).prediction()
+        layout = replace(applied, predicted=predicted)
     peak = layout.predicted.peak_memory_bytes
     within = replace(problem, memory_budget_bytes=int(peak))
     best = {}
@@ -116,7 +131,8 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
     return ShardedWhatIf(measured_s=measured_step_s(report), predicted_s=layout.predicted.iteration_s,
                          peak_bytes=peak, traced_gathers=_gathers_per_step(report),
                          layout_gathers=_layout_gathers(layout, problem.cluster),
-                         cluster=problem.cluster, best=dict(sorted(best.items(), key=lambda kv: kv[1][0])))
+                         cluster=problem.cluster, best=dict(sorted(best.items(), key=lambda kv: kv[1][0])),
+                         applied=applied.solver.name if applied is not None else None)
 
 
 def _gathers_per_step(report: Diagnosis) -> float:

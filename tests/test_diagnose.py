@@ -177,6 +177,52 @@ def test_the_shard_group_is_read_from_the_traces_process_groups(groups, size, ot
     assert (mesh_shard_size(info), model_parallel_dims(info)) == (size, other)
 
 
+def test_the_plan_a_traced_run_applied_is_predicted_in_place_of_its_baseline(tmp_path, capsys):
+    """--plan: the traced step is the plan's, predicted as that plan on the same rank model and cluster,
+    DDP's prediction kept beside it (FSDP's: the plan is the layout the others are planned within). A
+    sharded plan for a replicated run, a bucketed one for a sharded run, a plan of another model and
+    --plan without --model: one line each, before any planning."""
+    from schedopt.errors import InvalidPlanError
+    from schedopt.ranks import simulate_ranks
+
+    for rank in (0, 1):
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(cuda_trace(rank)))
+    report = diagnose(load_traces([str(tmp_path)]))
+    graph, cluster = transformer_like(2), Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-5)
+    overlap = Problem(graph=graph, cluster=cluster, mode="overlap")
+    plan = get("caramel")(overlap)
+    plain = what_plans_gain(report, graph, cluster, time_limit_s=1)
+    result = what_plans_gain(report, graph, cluster, time_limit_s=1, applied=plan)
+    assert result.applied == ("caramel", "overlap", simulate_ranks(overlap, plan, result.ranks).period)
+    assert (result.measured_s, result.predicted_ddp_s) == (plain.measured_s, plain.predicted_ddp_s)
+    applied = result.to_json()["applied"]
+    assert result.to_json()["measured_ddp_s"] is None and applied["measured_s"] == plain.measured_s
+    assert applied["prediction_error"] == pytest.approx((applied["predicted_s"] - plain.measured_s) / plain.measured_s)
+    assert "the applied plan's step (overlap, caramel)" in result.describe()
+    sharded = Problem(graph=graph, cluster=cluster, mode="sharded")
+    with pytest.raises(SchedoptError, match="--plan is a sharded plan"):
+        what_plans_gain(report, graph, cluster, applied=get("fsdp-per-block")(sharded))
+    with pytest.raises(InvalidPlanError):
+        what_plans_gain(report, transformer_like(3), cluster, applied=plan)
+    plan.save(tmp_path / "plan.json.keep")
+    assert main(["diagnose", str(tmp_path), "--plan", str(tmp_path / "plan.json.keep")]) == 2
+    assert "--plan (the plan the traced run applied) needs --model" in capsys.readouterr().err
+    # a sharded run: the applied plan is the layout, and the others are planned within its peak
+    (tmp_path / "fsdp").mkdir()
+    _sharded_cuda_traces(tmp_path / "fsdp")
+    fsdp = diagnose(load_traces([str(tmp_path / "fsdp")]))
+    size = get("fsdp-size")(sharded)
+    result = what_sharded_plans_gain(fsdp, graph, cluster, time_limit_s=1, applied=size)
+    predicted = simulate(sharded, size)
+    assert (result.predicted_s, result.peak_bytes) == (predicted.iteration_s, predicted.peak_memory_bytes)
+    assert result.to_json()["layout"] == "fsdp-size" and result.to_json()["applied"]
+    assert result.layout_gathers == len(size.units) + sum(u.reshard_after_forward for u in size.units)
+    assert all(peak <= result.peak_bytes for _, peak in result.best.values())
+    assert "predicted as the applied plan (fsdp-size)" in result.describe()
+    with pytest.raises(SchedoptError, match="--plan is a bucketed plan .overlap mode."):
+        what_sharded_plans_gain(fsdp, graph, cluster, applied=plan)
+
+
 def test_a_run_with_tensor_parallelism_gets_one_line_and_no_what_if(tmp_path, capsys):
     """The per-step diagnosis holds for any run; the what-ifs plan data parallelism only and say so."""
     for rank in (0, 1):
