@@ -4,7 +4,8 @@ From a diagnosis (:mod:`schedopt.diagnose`) and the model's graph with the trace
 (:mod:`schedopt.trace_costs`): the cluster is the one given, or else fitted to the trace's own
 all-reduces (their bytes and how long each ran, :func:`schedopt.cluster.calibrate`); DDP's plan
 (``pytorch-ddp``) is simulated beside the measured step (the slowest rank's mean step: a period, as
-every run in this project is measured, and what the rank model's mean period predicts), and every
+every run in this project is measured, and what the rank model's mean period predicts; given the
+plan the run applied, ``applied``, that plan is predicted beside it and DDP's step is the baseline), and every
 solver plans each of ``barrier``, ``overlap`` and ``osp``: the best predicted step per mode, its
 solver, and its speedup over the predicted DDP step. Traces of a sharded run (all-gathers,
 reduce-scatters: FSDP) have a what-if of their own (:mod:`schedopt.whatif_sharded`); this one refuses

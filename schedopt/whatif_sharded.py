@@ -9,7 +9,8 @@ all-gathers and reduce-scatters), moved to the traced world size and device (``g
 
 The traced run is predicted as FSDP2 per block (``fsdp-per-block``: torchtitan's layout, FSDP2's
 defaults), the layout most runs use; the traced all-gathers per step are counted beside the number that
-layout issues, so a run laid out otherwise shows it. Every sharded solver then plans within that
+layout issues, so a run laid out otherwise shows it; given the plan the run applied (``applied``,
+``diagnose --plan``), that plan is the layout instead. Every sharded solver then plans within that
 layout's predicted peak per rank: the best is at no more memory than the traced run's layout.
 
 On one rank, unlike the replicated what-if: on two sets of traces of gpt_tied (FSDP2 per block, 2
