@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from schedopt import Cluster, Problem, SolverError, simulate
@@ -10,6 +15,8 @@ from schedopt.plan import validate
 from schedopt.solvers import SOLVERS, get, solvers_for
 from schedopt.solvers.ddp import ddp_bucket_assignment
 from schedopt.synthetic import branches, chain, diamond, transformer_like
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 1024 * 1024
 
@@ -154,3 +161,22 @@ def test_tuning_reaches_the_bounds_and_the_stage_choice():
         get("caramel")(osp, stages={"nope": 1})
     with pytest.raises(SolverError, match="tunes the osp stage choice"):
         get("caramel")(Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8)), stages={})
+
+
+def test_the_custom_solver_example_registers_a_heuristic_that_compare_runs_beside_the_others():
+    """examples/custom_solver.py, in a process of its own (registering is global): each of its buckets
+    holds at least twice the bytes of the one before, and compare's table has it beside the others."""
+    code = ("import json, sys; sys.path.insert(0, 'examples'); import custom_solver\n"
+            "from schedopt import Cluster, Problem\nfrom schedopt.solvers import get\n"
+            "from schedopt.synthetic import transformer_like\n"
+            "g = transformer_like(4)\n"
+            "plan = get('doubling')(Problem(graph=g, cluster=Cluster.preset('100gbe', world_size=8)), first_mb=0.5)\n"
+            "print(json.dumps([sum(g.params[n].nbytes for n in b.params) for b in plan.buckets]))\n"
+            "custom_solver.main(['--world-size', '8', '--time-limit', '1'])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, *table = done.stdout.splitlines()
+    sizes = json.loads(first)
+    assert len(sizes) > 2 and all(size >= 2**19 * 2**i for i, size in enumerate(sizes[:-1]))
+    solvers = [line.split()[0] for line in table[2:]]
+    assert solvers == ["pytorch-ddp", "horovod", "caramel", "doubling", "cpsat"]
