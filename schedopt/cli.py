@@ -443,7 +443,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     fitted = {kind: (fixed, per_byte) for kind, fixed, per_byte in result.cluster.shard_costs or ()}
     for kind, swept in result.shard_measurements.items():  # FSDP2's collectives, per unsharded byte
         fixed, per_byte = fitted[kind]
-        print(f"{kind}s over {result.cluster.shard_group} ranks:")
+        inside = " (inside each replica)" if result.cluster.replicas > 1 else ""
+        print(f"{kind}s over {result.cluster.shard_group} ranks{inside}:")
         for m in swept:
             print(f"  {format_size(m.nbytes):>10}  {format_duration(m.median_s):>10}  "
                   f"(fit {format_duration(fixed + per_byte * m.nbytes)}, {m.num_repeats} runs)")
