@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 TEST_ENV = OMP_NUM_THREADS=1
 
 test: setup
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --timeout=300
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --timeout=300
 
 # the fast subset for the edit loop (no real ranks, no long solves): under a minute
 check: setup

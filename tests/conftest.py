@@ -52,7 +52,6 @@ SLOW_TESTS = {
                  "test_plan_simulate_inspect_compare"},
     "test_cpsat": {"*"},
     "test_sharded": {"test_every_unit_of_every_solver_builds_with_fully_shard",
-                     "test_the_sharded_bound_never_exceeds_a_plan",
                      "test_cpsat_keeps_units_whole_blocks_when_fine_units_is_off",
                      "test_the_sharded_bounds_of_time_and_memory_never_exceed_a_plan"},
     "test_anchor_search": {"test_cpsat_warm_starts_hold_the_anchor_search_and_an_eager_one_keeps_the_engine_order"},
@@ -72,10 +71,25 @@ SLOW_TESTS = {
 }
 
 
+#: Tests on rank pools of a size few tests use, by that size: each group runs in one test process
+#: (``--dist loadgroup``), so that its pool of spawned ranks is started once, not once per process.
+POOL_GROUPS = {
+    "test_without_a_plan_wrap_is_torch_ddp_and_schedopt_plan_is_read": "ranks1",
+    "test_pytorch_ddp_plans_have_the_buckets_real_ddp_builds": "ranks1",
+    "test_three_ranks_exact_with_ddp_buckets_and_within_1e6_with_others": "ranks3",
+    "test_on_3_ranks_within_1e_6_of_fsdp2_and_as_close_to_ddp_as_ddp_to_itself": "ranks3",
+    "test_hsdp_of_2_replicas_of_2_ranks_equals_torchs_own_and_records_each_all_reduce": "ranks4",
+    "test_calibrate_measures_hsdp_collectives_on_the_groups_fsdp2s_mesh_runs_them_on": "ranks4",
+}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Mark the slow tests (see :data:`SLOW_MODULES`, :data:`SLOW_TESTS`); ``make check`` runs the rest."""
+    """Mark the slow tests (see :data:`SLOW_MODULES`, :data:`SLOW_TESTS`; ``make check`` runs the rest),
+    and group the tests of :data:`POOL_GROUPS`."""
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         names = SLOW_TESTS.get(module, set())
         if module in SLOW_MODULES or "*" in names or item.originalname in names:
             item.add_marker(pytest.mark.slow)
+        if item.originalname in POOL_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(POOL_GROUPS[item.originalname]))

@@ -63,3 +63,16 @@ def test_the_runtime_has_no_import_cycle():
                 graph.add_edge(module, target)
     cycles = list(nx.simple_cycles(graph))
     assert not cycles, cycles
+
+
+def test_every_test_the_conftest_names_exists():
+    """A renamed test would silently lose its slow mark or its rank-pool group."""
+    from .conftest import POOL_GROUPS, SLOW_TESTS
+
+    defined = {path.stem: {node.name for node in ast.walk(ast.parse(path.read_text()))
+                           if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
+               for path in (ROOT / "tests").glob("test_*.py")}
+    missing = [f"{module}::{name}" for module, names in SLOW_TESTS.items() for name in names - {"*"}
+               if name not in defined.get(module, set())]
+    missing += [name for name in POOL_GROUPS if not any(name in names for names in defined.values())]
+    assert not missing, missing
