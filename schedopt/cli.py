@@ -161,11 +161,13 @@ def _cluster(args: argparse.Namespace, base: Cluster | None = None) -> Cluster:
         overrides.update(shard_bandwidth_Bps=link["bandwidth_Bps"], shard_latency_s=link["latency_s"], shard_costs=None)
     if not overrides:
         return base
-    if "world_size" in overrides or "replicas" in overrides:
-        base = base.with_ranks(overrides.pop("world_size", base.world_size), overrides.pop("replicas", base.replicas))
     if "bandwidth_Bps" in overrides or "latency_s" in overrides:  # another link than the one measured
         overrides.update(name="custom", shard_costs=None)
-    return Cluster(**{**base.to_json(), **overrides})
+    ranks = {key: overrides.pop(key) for key in ("world_size", "replicas") if key in overrides}
+    cluster = Cluster(**{**base.to_json(), **overrides})
+    if not ranks:
+        return cluster
+    return cluster.with_ranks(ranks.get("world_size", cluster.world_size), ranks.get("replicas", cluster.replicas))
 
 
 def _parse_options(pairs: Sequence[str]) -> dict[str, Any]:

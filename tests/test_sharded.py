@@ -269,7 +269,8 @@ def test_measured_shard_costs_apply_only_to_shard_groups_of_the_size_they_were_m
     assert main([*base, "--world-size", "64"]) == 2  # FSDP over 64: groups of 64
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "calibrate --replicas" in err
-    for other_link in (["--bandwidth", "10Gbps"], ["--shard-network", "nvlink"]):
+    for other_link in (["--bandwidth", "10Gbps"], ["--shard-network", "nvlink"],
+                       ["--world-size", "64", "--shard-network", "nvlink"]):  # another group, on a link given
         assert main([*base, *other_link]) == 0
         assert Plan.load(tmp_path / "p.json").cluster.shard_costs is None
     rows = sweep(graph, measured, bandwidths_Bps=[1e8, 1e10], world_sizes=[4], solvers=["fsdp-root"], mode="sharded")
