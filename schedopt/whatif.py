@@ -38,7 +38,7 @@ from .problem import Problem
 from .ranks import RankModel, simulate_ranks
 
 __all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated", "measured_step_s",
-           "applied_problem"]
+           "applied_problem", "prediction_error"]
 
 MODES = ("barrier", "overlap", "osp")
 
@@ -55,14 +55,14 @@ class WhatIf:
     def to_json(self) -> dict[str, Any]:
         ddp_traced = self.applied is None
         data = {"measured_ddp_s": self.measured_s if ddp_traced else None, "predicted_ddp_s": self.predicted_ddp_s,
-                "prediction_error": _error(self.predicted_ddp_s, self.measured_s) if ddp_traced else None,
+                "prediction_error": prediction_error(self.predicted_ddp_s, self.measured_s) if ddp_traced else None,
                 "cluster": self.cluster.to_json(), "rank_model": self.ranks.to_json(),
                 "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t}
                          for m, (s, t) in self.best.items()}}
         if self.applied is not None:
             solver, mode, t = self.applied
             data["applied"] = {"solver": solver, "mode": mode, "measured_s": self.measured_s, "predicted_s": t,
-                               "prediction_error": _error(t, self.measured_s),
+                               "prediction_error": prediction_error(t, self.measured_s),
                                "speedup_vs_ddp": self.predicted_ddp_s / t}
         return data
 
@@ -70,11 +70,11 @@ class WhatIf:
         measured = f"measured {self.measured_s * 1e3:.1f} ms (the slowest rank's mean step)"
         if self.applied is None:
             lines = [f"DDP's step: {measured}, predicted {self.predicted_ddp_s * 1e3:.1f} ms "
-                     f"({_error(self.predicted_ddp_s, self.measured_s):+.1%}) on {self.cluster.describe()}"]
+                     f"({prediction_error(self.predicted_ddp_s, self.measured_s):+.1%}) on {self.cluster.describe()}"]
         else:
             solver, mode, t = self.applied
             lines = [f"the applied plan's step ({mode}, {solver}): {measured}, predicted {t * 1e3:.1f} ms "
-                     f"({_error(t, self.measured_s):+.1%}, {self.predicted_ddp_s / t:.3f}x DDP's predicted "
+                     f"({prediction_error(t, self.measured_s):+.1%}, {self.predicted_ddp_s / t:.3f}x DDP's predicted "
                      f"{self.predicted_ddp_s * 1e3:.1f} ms) on {self.cluster.describe()}"]
         lines.append(f"  rank model: {self.ranks.describe()}")
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
@@ -82,7 +82,8 @@ class WhatIf:
         return "\n".join(lines)
 
 
-def _error(predicted: float, measured: float) -> float:
+def prediction_error(predicted: float, measured: float) -> float:
+    """How far a prediction is from what was measured, relative to the measurement."""
     return (predicted - measured) / measured
 
 
@@ -173,9 +174,10 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
     measured = measured_step_s(report)
     barrier = Problem(graph=graph, cluster=cluster, mode="barrier")
     ddp = simulate_ranks(barrier, get("pytorch-ddp")(barrier, seed=seed), ranks).period
+    traced = None
     if applied is not None:
-        traced = (applied.solver.name, applied.mode,
-                  simulate_ranks(applied_problem(applied, graph, cluster), applied, ranks).period)
+        period = simulate_ranks(applied_problem(applied, graph, cluster), applied, ranks).period
+        traced = (applied.solver.name, applied.mode, period)
     best: dict[str, tuple[str, float]] = {}
     for mode in MODES:
         problem = Problem(graph=graph, cluster=cluster, mode=mode)
@@ -187,5 +189,4 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
             t = simulate_ranks(problem, plan, ranks).period
             if mode not in best or t < best[mode][1]:
                 best[mode] = (name, t)
-    return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks,
-                  applied=traced if applied is not None else None)
+    return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks, applied=traced)

@@ -34,7 +34,7 @@ from .plan import Plan
 from .problem import Problem
 from .simulate import simulate
 from .units import format_size
-from .whatif import applied_problem, measured_step_s
+from .whatif import applied_problem, measured_step_s, prediction_error
 
 __all__ = ["ShardedWhatIf", "check_inputs", "what_sharded_plans_gain"]
 
@@ -56,21 +56,21 @@ class ShardedWhatIf:
     def to_json(self) -> dict[str, Any]:
         return {"layout": self.applied or TRACED_LAYOUT, "applied": self.applied is not None,
                 "measured_s": self.measured_s, "predicted_s": self.predicted_s,
-                "prediction_error": (self.predicted_s - self.measured_s) / self.measured_s,
+                "prediction_error": prediction_error(self.predicted_s, self.measured_s),
                 "peak_memory_bytes": self.peak_bytes, "traced_all_gathers_per_step": self.traced_gathers,
                 "layout_all_gathers_per_step": self.layout_gathers, "cluster": self.cluster.to_json(),
                 "best": {name: {"predicted_s": t, "peak_memory_bytes": peak, "speedup_vs_layout": self.predicted_s / t}
                          for name, (t, peak) in self.best.items()}}
 
     def describe(self) -> str:
-        error = (self.predicted_s - self.measured_s) / self.measured_s
-        layout, short = (f"the applied plan ({self.applied})", "the plan") if self.applied else \
-            ("FSDP2 per block", "per block")
+        error = prediction_error(self.predicted_s, self.measured_s)
+        # the layout predicted: its name, what speedups are over, and where its all-gathers are counted
+        layout, short, issued = ((f"the applied plan ({self.applied})", "the plan", "in the plan") if self.applied
+                                 else ("FSDP2 per block", "per block", "per block"))
         lines = [f"the traced step: measured {self.measured_s * 1e3:.1f} ms (the slowest rank's mean step), "
                  f"predicted as {layout} {self.predicted_s * 1e3:.1f} ms ({error:+.1%}), peak "
                  f"{format_size(self.peak_bytes)} per rank, on {self.cluster.describe()}",
-                 f"  all-gathers per step: {self.traced_gathers:.1f} traced, {self.layout_gathers} "
-                 f"{'in the plan' if self.applied else short}"
+                 f"  all-gathers per step: {self.traced_gathers:.1f} traced, {self.layout_gathers} {issued}"
                  + ("" if round(self.traced_gathers) == self.layout_gathers else
                     f" (the traced run is laid out otherwise: the prediction is {short}'s)")]
         lines += [f"  {name:15s} {t * 1e3:.1f} ms ({self.predicted_s / t:.3f}x {short}, predicted), peak "
