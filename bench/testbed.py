@@ -558,12 +558,10 @@ def predict_period(plan, graph, cluster, *, engine: bool = False) -> float:
     """``plan``'s predicted period on every rank: each rank's ops varying as the profile measured
     (:meth:`schedopt.ranks.RankModel.measured`), each collective waiting for the last rank; a sharded
     plan on one rank (:func:`predict`). ``engine`` as for :func:`predict`."""
-    from schedopt import Problem
     from schedopt.ranks import RankModel, period
 
     plan = _as_run(plan, graph, engine)
-    return period(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution,
-                          rank_model=RankModel.measured(graph, cluster.world_size)), plan)
+    return period(plan.problem(graph, cluster, rank_model=RankModel.measured(graph, cluster.world_size)), plan)
 
 
 def predict(plan, graph, cluster, *, engine: bool = False):
@@ -573,10 +571,10 @@ def predict(plan, graph, cluster, *, engine: bool = False):
     run, on the order :func:`schedopt.orders.engine_order` gives today (an eager plan runs in the
     autograd engine's order whatever the plan says; the model of that order can improve).
     """
-    from schedopt import Problem, simulate
+    from schedopt import simulate
 
     plan = _as_run(plan, graph, engine)
-    return simulate(Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution), plan)
+    return simulate(plan.problem(graph, cluster), plan)
 
 
 def _as_run(plan, graph, engine: bool):

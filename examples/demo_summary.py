@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from schedopt import Cluster, Plan, Problem, TrainGraph
+from schedopt import Cluster, Plan, TrainGraph
 from schedopt.ranks import RankModel, period
 
 
@@ -29,8 +29,8 @@ def main(argv: list[str]) -> int:
         # every rank, its ops varying as the profile measured; a collective waits for the last (a sharded
         # plan on one rank: FSDP2 syncs at every unit, and the profile's spread makes each sync wait for a
         # straggler the run does not have; docs/simulator.md)
-        problem = Problem(graph=graph, cluster=cluster, mode=plan.mode, rank_model=None if plan.mode == "sharded"
-                          else RankModel.measured(graph, cluster.world_size))
+        problem = plan.problem(graph, cluster, rank_model=None if plan.mode == "sharded"
+                               else RankModel.measured(graph, cluster.world_size))
         predicted = period(problem, plan)
         rows.append((run["kind"], plan.solver.name, run["period_s"], predicted, run["step_s"]))
         if run.get("rank0_peak_bytes") and plan.predicted and plan.predicted.peak_memory_bytes:

@@ -355,8 +355,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)
     graph = _graph(args)
-    problem = Problem(graph=graph, cluster=_cluster(args, base=plan.cluster), mode=args.mode or plan.mode,
-                      execution=plan.execution)  # type: ignore[arg-type]
+    problem = plan.problem(graph, _cluster(args, base=plan.cluster), mode=args.mode or plan.mode)
     timeline = simulate(problem, plan)
     if args.trace:
         write_chrome_trace(timeline, args.trace, name=f"{graph.name} / {plan.solver.name}")

@@ -324,6 +324,15 @@ class Plan:
         """Read a plan written by :meth:`save` (JSON only; nothing is executed)."""
         return cls.from_json(read_json(path, what="plan", error=InvalidPlanError))
 
+    def problem(self, graph: TrainGraph, cluster: Cluster | None = None, **changes: Any) -> Problem:
+        """The problem this plan was made for, on ``graph``: its mode, execution and memory budget (the
+        budget a sharded plan's lower bound is within), on ``cluster`` (default: the plan's own).
+        ``changes``: other :class:`~schedopt.problem.Problem` fields (``rank_model=...``, ``mode=...``)."""
+        mode = changes.pop("mode", self.mode)
+        budget = self.memory_budget_bytes if mode == "sharded" else None  # a budget is a sharded problem's
+        fields = {"execution": self.execution, "memory_budget_bytes": budget, **changes}
+        return Problem(graph=graph, cluster=cluster or self.cluster, mode=mode, **fields)
+
     def with_prediction(self, predicted: Prediction) -> Plan:
         return replace(self, predicted=predicted)
 

@@ -94,7 +94,7 @@ def applied_problem(plan: Plan, graph: TrainGraph, cluster: Cluster) -> Problem:
         InvalidPlanError: the plan is not one of ``graph`` (another model, a mismatched parameter).
     """
     validate(plan, graph)
-    return Problem(graph=graph, cluster=cluster, mode=plan.mode, execution=plan.execution)  # type: ignore[arg-type]
+    return plan.problem(graph, cluster)
 
 
 def check_replicated(report: Diagnosis, applied: Plan | None = None) -> None:

@@ -450,6 +450,16 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     assert summary["peak_memory_bytes"] > 0 and summary["num_units"] == 3
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     assert any(e["ph"] == "C" for e in trace) and any(e.get("cat") == "all-gather" for e in trace)
+    # a plan within a budget is simulated within it: its lower bound is the one its solver reported
+    # (a budget of 300 KiB holds the bound at 0.94 ms; with none it would be 0.57 ms)
+    assert main(["plan", str(tmp_path / "g.json"), "--solver", "cpsat", "--memory-budget", "300KiB", "-o",
+                 str(tmp_path / "b.json"), *common]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(tmp_path / "b.json"), str(tmp_path / "g.json"), "--format", "json"]) == 0
+    summary, budgeted = json.loads(capsys.readouterr().out), Plan.load(tmp_path / "b.json")
+    assert summary["memory_budget_bytes"] == 300 * 1024
+    assert summary["lower_bound_s"] == budgeted.predicted.lower_bound_s > sharded_lower_bound(
+        replace(budgeted.problem(graph), memory_budget_bytes=None))
 
 
 def test_simulate_runs_a_sharded_plan_on_varying_ranks(tmp_path, capsys):
