@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NoReturn, Sequence
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
 
 from .cluster import PRESETS, Cluster
 from .errors import SchedoptError
@@ -20,7 +20,7 @@ from .io import check_output_dir, check_output_file, dumps, write_json_atomic, w
 from .load import ImportOptions, load_model, model_file, model_kind
 from .plan import Plan
 from .problem import DEFAULT_MAX_STALE_FRACTION, EXECUTIONS, MODES, Problem
-from .units import format_duration, format_size, parse_bandwidth, parse_duration, parse_size
+from .units import format_bandwidth, format_duration, format_size, parse_bandwidth, parse_duration, parse_size
 
 __all__ = ["main"]
 
@@ -554,15 +554,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print(f"{graph.name}: {len(graph.ops)} ops, {len(graph.params)} params "
               f"({format_size(graph.total_param_bytes)}); {problem.cluster.describe()}; {problem.mode}")
         print(format_table(rows, COLUMNS, drop_empty=True))
-        for row in rows:
-            if row.get("error"):  # solvers' errors name them already
-                prefix = "" if row["error"].startswith(f"{row['solver']}:") else f"{row['solver']}: "
-                print(f"{prefix}{row['error']}")
+        _print_errors(rows)
     if out is not None:
         write_json_atomic(out / "compare.json", comparison_json(problem, rows))
         write_text_atomic(out / "compare.csv", format_csv(rows))
         _write_comparison_chart(problem, saved, rows, out / "compare.png")
     return 0
+
+
+def _print_errors(rows: list[dict[str, Any]], case: Callable[[dict[str, Any]], str] = lambda row: "") -> None:
+    """Why each row without a plan has none, a line each under the table: its ``case`` and its solver."""
+    for row in rows:
+        if row.get("error"):  # solvers' errors name them already
+            prefix = "" if row["error"].startswith(f"{row['solver']}:") else f"{row['solver']}: "
+            print(f"{case(row)}{prefix}{row['error']}")
 
 
 def _write_comparison_chart(problem: Problem, saved: dict[str, tuple[Plan, Any]], rows: list[dict[str, Any]],
@@ -634,6 +639,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         print(format_table(rows, ("world_size", "bandwidth_Bps", "solver", "iteration_s", "peak_memory_bytes",
                                   "lower_bound_s", "gap_to_lower_bound", "num_buckets", "num_units", "speedup_vs_ddp"),
                            drop_empty=True))
+        _print_errors(rows, lambda row: f"{row['world_size']} ranks at {format_bandwidth(row['bandwidth_Bps'])}: ")
         for label, path in (("csv", out / "sweep.csv" if out else None), ("plot", plot)):
             if path:
                 print(f"{label:<5} {path}")

@@ -441,6 +441,11 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     assert main(["sweep", str(tmp_path / "g.json"), "--solvers", "fsdp-per-block", "--bandwidths", "10Gbps,100Gbps",
                  "--world-sizes", "8", "--mode", "sharded", "--format", "json"]) == 0
     assert all(r["peak_memory_bytes"] > 0 for r in json.loads(capsys.readouterr().out))
+    assert main(["sweep", str(tmp_path / "g.json"), "--solvers", "fsdp-root", "--bandwidths", "10Gbps,100Gbps",
+                 "--world-sizes", "8", "--mode", "sharded", "--memory-budget", "200KiB"]) == 0
+    why = [line for line in capsys.readouterr().out.splitlines() if "over the memory budget of 200.0KiB" in line]
+    assert [line.split(": ")[:2] for line in why] == [["8 ranks at 10Gbps", "fsdp-root"],
+                                                       ["8 ranks at 100Gbps", "fsdp-root"]]
     assert main(["plan", str(tmp_path / "g.json"), "--solver", "fsdp-per-block", "-o", str(tmp_path / "p.json"),
                  *common]) == 0
     capsys.readouterr()
