@@ -67,6 +67,8 @@ def _unit_lines(plan: Plan, sizes: dict[str, int]) -> list[str]:
     lines = [f"memory     peak {peak} per rank{within}",
              f"units      {len(plan.units)} in forward order, {kept} kept after forward (on gloo the all-gathers "
              f"{gathers})",
+             *([f"           {plan.solver.stats['budget']} (its own knobs peak over the budget)"]
+               if plan.solver.stats.get("budget") else []),
              "    #  params   gathered  reshard  prefetch fwd/bwd  modules"]
     lines += [_unit_row(k, u, sizes) for k, u in enumerate(plan.units)]
     return lines

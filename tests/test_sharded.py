@@ -536,6 +536,13 @@ def test_inspect_lists_a_sharded_plans_units_with_their_flags_and_the_peak(tmp_p
             assert size == format_size(sum(graph.params[n].nbytes for n in unit.params))
             assert reshard == ("yes" if unit.reshard_after_forward else "kept")
             assert modules == ("(the root module)" if unit.is_root else unit.modules[0])
+    # under a budget its own knobs exceed (714 KiB), the layout is planned at its least peak, and says so
+    assert main(["plan", str(tmp_path / "g.json"), "--mode", "sharded", "--solver", "fsdp-per-block",
+                 "--memory-budget", "600KiB", "-o", str(tmp_path / "lean.json")]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "lean.json")]) == 0
+    assert "every unit resharded, no prefetch: the layout's least peak (its own knobs peak over the budget)" in \
+        capsys.readouterr().out
 
 
 def test_the_pipelined_units_step_is_the_simulators_and_within_1_percent_of_the_bound():
