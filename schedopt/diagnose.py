@@ -195,17 +195,37 @@ def format_report(report: Diagnosis) -> str:
         lines.append(f"{s.rank:>4} {s.step:>5} {s.step_s * 1e3:8.1f} {s.compute_s * 1e3:8.1f} {s.comm_s * 1e3:8.1f} "
                      f"{s.exposed_comm_s * 1e3:8.1f} {share:>8} {s.limit_s * 1e3:8.1f} "
                      f"{(s.step_s - s.limit_s) * 1e3:8.1f}")
+    lines += _exposed_lines(report)
+    if (idle := _idle_line(report)) is not None:
+        lines.append(idle)
+    return "\n".join(lines)
+
+
+#: The exposed collectives the text report lists one by one, the most exposed first (``--json``: all).
+LISTED_EXPOSED = 12
+
+
+def _exposed_lines(report: Diagnosis) -> list[str]:
+    """Each kind of collective's exposed time per step, then the most exposed collectives and why."""
     exposed = [(s, c) for s in report.steps for c in s.collectives if c.exposed_s > EPSILON_S]
-    if exposed:
-        lines.append("exposed collectives (ms from the step's start):")
-    for s, c in exposed:
+    if not exposed:
+        return []
+    kinds: dict[str, list[float]] = {}
+    for _, c in exposed:
+        kinds.setdefault(c.name, []).append(c.exposed_s)
+    per_step = 1e3 / len(report.steps)  # ms per step and rank
+    lines = ["exposed per step and rank, by collective: " + ", ".join(
+        f"{name} {sum(times) * per_step:.1f} ms ({len(times) / len(report.steps):.1f} exposed)"
+        for name, times in sorted(kinds.items(), key=lambda kv: -sum(kv[1])))]
+    shown = sorted(exposed, key=lambda sc: -sc[1].exposed_s)[:LISTED_EXPOSED]
+    lines.append(f"the {len(shown)} most exposed of {len(exposed)} (ms from the step's start):" if len(exposed) > len(shown)
+                 else "exposed collectives (ms from the step's start):")
+    for s, c in shown:
         size = "" if c.nbytes is None else f", {c.nbytes / 2**20:.1f} MiB"
         lines.append(f"  rank {s.rank} step {s.step}: {c.name} issued {c.issue_s * 1e3:.1f}, ran "
                      f"{c.start_s * 1e3:.1f}-{c.end_s * 1e3:.1f}{size}, {c.exposed_s * 1e3:.1f} exposed"
                      + (f": {'; '.join(c.reasons)}" if c.reasons else ""))
-    if (idle := _idle_line(report)) is not None:
-        lines.append(idle)
-    return "\n".join(lines)
+    return lines
 
 
 #: A step whose device (or training thread) was busy for less than this share of it is bound elsewhere.

@@ -106,6 +106,30 @@ def test_the_json_names_the_checks_read(tmp_path, capsys):
     assert "exposed collectives" in capsys.readouterr().out
 
 
+def test_the_text_report_sums_exposure_per_kind_and_lists_the_most_exposed_first():
+    """A long run's every exposed collective would be thousands of lines: per kind, the exposed time per
+    step and rank; then the most exposed (``--json`` keeps every one)."""
+    from schedopt.diagnose import LISTED_EXPOSED, CollectiveRow, Diagnosis, StepRow, format_report
+
+    def collective(name: str, exposed_ms: float) -> CollectiveRow:
+        return CollectiveRow(name=name, issue_s=0.0, start_s=0.0, end_s=0.1, nbytes=None, hidden_s=0.0,
+                             exposed_s=exposed_ms * 1e-3, reasons=["late gradient"])
+
+    steps = [StepRow(rank=r, step=n, step_s=0.1, compute_s=0.05, comm_s=0.05, exposed_comm_s=0.03,
+                     collectives=[collective("all_gather", 1 + n + 10 * r) for _ in range(4)] +
+                     [collective("reduce_scatter", 0.5), collective("all_gather", 0.0)])
+             for r in (0, 1) for n in (1, 2, 3)]
+    lines = format_report(Diagnosis(device="cuda", world_size=2, files=["a", "b"], steps=steps)).splitlines()
+    # all-gathers: 4 per step and rank, (2 + 3 + 4) x 4 on rank 0 and (12 + 13 + 14) x 4 on rank 1, over 6 rows
+    assert lines[8] == ("exposed per step and rank, by collective: all_gather 32.0 ms (4.0 exposed), "
+                        "reduce_scatter 0.5 ms (1.0 exposed)")
+    assert lines[9] == f"the {LISTED_EXPOSED} most exposed of 30 (ms from the step's start):"
+    listed = lines[10:]
+    assert len(listed) == LISTED_EXPOSED and all(x.startswith("  rank 1 step 3: all_gather") for x in listed[:4])
+    assert [float(x.split(", ")[-1].split()[0]) for x in listed] == sorted(
+        (float(x.split(", ")[-1].split()[0]) for x in listed), reverse=True)
+
+
 def _sharded_cuda_traces(directory: Path) -> None:
     """:func:`cuda_trace` as an FSDP run's: its first NCCL kernel an all-gather, the second a reduce-scatter."""
     for rank in (0, 1):
