@@ -119,7 +119,9 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
               if c.nbytes and c.end_s > c.start_s]
     n = report.world_size or 2
     if not points:
-        raise SchedoptError("the trace has no collective with its size to fit a cluster to; give --cluster")
+        raise SchedoptError("the traces record no collective's size to fit the link to: give --cluster (a "
+                            "`schedopt calibrate` file), or profile with record_shapes=True (examples/train.py "
+                            "--profile-sizes)")
     if len({b for b, _ in points}) < 2:  # one size (one bucket): its bandwidth, no latency
         b, t = points[0][0], statistics.median(t for _, t in points)
         return Cluster(world_size=n, bandwidth_Bps=2 * (n - 1) / n * b / t, name="fitted to the trace (one size)")

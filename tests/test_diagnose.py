@@ -106,6 +106,18 @@ def test_the_json_names_the_checks_read(tmp_path, capsys):
     assert "exposed collectives" in capsys.readouterr().out
 
 
+def test_a_trace_without_collective_sizes_asks_for_a_cluster_or_record_shapes(tmp_path):
+    """A profile taken without record_shapes has no collective's bytes: no link can be fitted to it."""
+    for rank in (0, 1):
+        trace = cuda_trace(rank)
+        for e in trace["traceEvents"]:
+            e["args"].pop("In msg nelems", None)
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(trace))
+    report = diagnose(load_traces([str(tmp_path)]))
+    with pytest.raises(SchedoptError, match=r"give --cluster .*record_shapes=True .*--profile-sizes"):
+        what_plans_gain(report, transformer_like(2))
+
+
 def test_the_text_report_sums_exposure_per_kind_and_lists_the_most_exposed_first():
     """A long run's every exposed collective would be thousands of lines: per kind, the exposed time per
     step and rank; then the most exposed (``--json`` keeps every one)."""
