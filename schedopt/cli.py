@@ -401,7 +401,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 #: The options that name a file a command writes; ``--out`` names a directory.
-_FILE_OUTPUTS = ("output", "trace", "gantt", "plot", "json")
+_FILE_OUTPUTS = ("output", "trace", "gantt", "plot", "json", "save_cluster")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -412,7 +412,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     for name in _FILE_OUTPUTS:
         value = getattr(args, name, None)
         if value is not None:
-            check_output_file(value, inputs=inputs, what=f"--{name}")
+            check_output_file(value, inputs=inputs, what=f"--{name.replace('_', '-')}")
     if getattr(args, "out", None) is not None:
         check_output_dir(args.out)
 
@@ -481,6 +481,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     traces = load_traces(args.traces)
     report = diagnose(traces)
     data = report.to_json()
+    if args.save_cluster:
+        _save_traced_cluster(report, args.save_cluster)
     whatif = None
     if args.model:  # the traced step predicted, and what the best plans would gain
         from .diagnose import is_sharded
@@ -517,6 +519,20 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     if args.plot:
         plot_step(report, traces, args.plot)
     return 0
+
+
+def _save_traced_cluster(report: Any, path: str) -> None:
+    """``diagnose --save-cluster``: the link fitted to the traced all-reduces, as a cluster file that ``plan
+    --cluster`` reads (a sharded run's all-gathers and reduce-scatters are FSDP2's: calibrate those)."""
+    from .diagnose import is_sharded
+    from .whatif import cluster_from_trace
+
+    if is_sharded(report):
+        raise SchedoptError("--save-cluster fits the link to a replicated run's all-reduces; these traces are of a "
+                            "sharded run: measure its collectives with `torchrun ... -m schedopt calibrate`")
+    cluster = cluster_from_trace(report)
+    cluster.save(path)
+    print(f"cluster    {cluster.describe()} -> {path}", file=sys.stderr)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -740,6 +756,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_duration, default=None, help="with --model: cpsat's limit per mode (10s)")
     p.add_argument("--plan", help="with --model: the plan the traced run applied (SCHEDOPT_PLAN), predicted beside "
                                   "its measured step in place of DDP (sharded runs: of FSDP2 per block)")
+    p.add_argument("--save-cluster", metavar="CLUSTER", help="write the link fitted to the traced all-reduces "
+                   "here, a cluster file for plan --cluster")
     _add_model_options(p)
     p.set_defaults(run=_cmd_diagnose)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .cluster import Cluster, calibrate
@@ -114,18 +114,21 @@ def check_replicated(report: Diagnosis, applied: Plan | None = None) -> None:
 
 
 def cluster_from_trace(report: Diagnosis) -> Cluster:
-    """An alpha-beta cluster fitted to the traced collectives (bytes, start to end)."""
+    """An alpha-beta cluster fitted to the traced collectives (bytes, start to end), on the traced device's
+    backend (a CPU trace's ranks ran gloo)."""
     points = [(c.nbytes, c.end_s - c.start_s) for s in report.steps for c in s.collectives
               if c.nbytes and c.end_s > c.start_s]
-    n = report.world_size or 2
+    n, backend = report.world_size or 2, "gloo" if report.device == "cpu" else "nccl"
     if not points:
         raise SchedoptError("the traces record no collective's size to fit the link to: give --cluster (a "
                             "`schedopt calibrate` file), or profile with record_shapes=True (examples/train.py "
                             "--profile-sizes)")
     if len({b for b, _ in points}) < 2:  # one size (one bucket): its bandwidth, no latency
         b, t = points[0][0], statistics.median(t for _, t in points)
-        return Cluster(world_size=n, bandwidth_Bps=2 * (n - 1) / n * b / t, name="fitted to the trace (one size)")
-    return calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
+        return Cluster(world_size=n, bandwidth_Bps=2 * (n - 1) / n * b / t, name="fitted to the trace (one size)",
+                       backend=backend)
+    fitted = calibrate([b for b, _ in points], [t for _, t in points], world_size=n, name="fitted to the trace")
+    return replace(fitted, backend=backend)
 
 
 def measured_step_s(report: Diagnosis) -> float:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schedopt import Cluster, Problem, simulate
+from schedopt import Cluster, Plan, Problem, simulate
 from schedopt.cli import main
 from schedopt.diagnose import diagnose, sharded_collectives
 from schedopt.errors import SchedoptError, TraceError
@@ -104,6 +104,41 @@ def test_the_json_names_the_checks_read(tmp_path, capsys):
     assert {"rank", "step", "step_s", "compute_s", "comm_s", "exposed_comm_s", "overlap_share"} <= set(row)
     assert {"issue_s", "start_s", "end_s", "bytes", "hidden_s", "exposed_s", "reasons"} <= set(row["collectives"][0])
     assert "exposed collectives" in capsys.readouterr().out
+
+
+def test_save_cluster_writes_the_link_fitted_to_the_traced_all_reduces_for_plan(tmp_path, capsys):
+    """The traced collectives' fit, on the traced device's backend, is a cluster file ``plan --cluster``
+    reads; a sharded run's traces (FSDP2's collectives, calibrated apart) and a path that cannot be
+    written end in one line each."""
+    from schedopt.whatif import cluster_from_trace
+
+    traces, out = tmp_path / "traces", tmp_path / "out"
+    traces.mkdir(), out.mkdir()
+    for rank in (0, 1):  # :func:`cuda_trace`'s two all-reduces, 4 MiB in 3 ms and 1 MiB in 2 ms
+        trace = cuda_trace(rank)
+        for e in trace["traceEvents"]:
+            if "In msg nelems" in e["args"]:
+                e["args"]["In msg nelems"] = 1048576 if e["ts"] < 5000 else 262144
+        (traces / f"rank{rank}.json").write_text(json.dumps(trace))
+    assert main(["diagnose", str(traces), "--save-cluster", str(out / "c.json")]) == 0
+    saved = Cluster.load(out / "c.json")
+    assert saved == cluster_from_trace(diagnose(load_traces([str(traces)])))
+    assert (saved.world_size, saved.backend, saved.name) == (2, "nccl", "fitted to the trace")
+    assert "-> " + str(out / "c.json") in capsys.readouterr().err
+    transformer_like(2).save(out / "g.json")
+    assert main(["plan", str(out / "g.json"), "--solver", "horovod", "--cluster", str(out / "c.json"),
+                 "-o", str(out / "p.json")]) == 0
+    assert Plan.load(out / "p.json").cluster == saved
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    _sharded_cuda_traces(sharded)
+    for argv in ([str(sharded), "--save-cluster", str(out / "c2.json")],
+                 [str(traces / "rank0.json"), "--save-cluster", "/proc/c.json"]):
+        capsys.readouterr()
+        assert main(["diagnose", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("sharded run" in err[0] or "cannot write" in err[0]), err
+    assert not (out / "c2.json").exists()
 
 
 def test_a_trace_without_collective_sizes_asks_for_a_cluster_or_record_shapes(tmp_path):
