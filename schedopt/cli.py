@@ -503,9 +503,11 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             validate(applied, graph)  # a plan of another model: before the op matching
         costs = trace_costs(graph, traces[0].path)
         limit = args.time_limit or 10.0
-        whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit, applied=applied) \
-            if sharded else what_plans_gain(report, costs.graph, cluster, time_limit_s=limit,
-                                            reference_rank=traces[0].rank or 0, applied=applied)
+        progress = (lambda solves: solves) if not _show_progress(args) else (lambda solves: _progress_bar(solves))
+        whatif = what_sharded_plans_gain(report, costs.graph, cluster, time_limit_s=limit, applied=applied,
+                                         progress=progress) if sharded else \
+            what_plans_gain(report, costs.graph, cluster, time_limit_s=limit, reference_rank=traces[0].rank or 0,
+                            applied=applied, progress=progress)
         data["what_if"] = {**whatif.to_json(), "trace_costs": costs.describe()}
     if args.json:
         write_json_atomic(args.json, data)
@@ -758,6 +760,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "its measured step in place of DDP (sharded runs: of FSDP2 per block)")
     p.add_argument("--save-cluster", metavar="CLUSTER", help="write the link fitted to the traced all-reduces "
                    "here, a cluster file for plan --cluster")
+    p.add_argument("--progress", action="store_true", help="with --model: show a progress bar over the solves even "
+                                                            "when stderr is not a terminal")
     _add_model_options(p)
     p.set_defaults(run=_cmd_diagnose)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from .cluster import Cluster, calibrate
 from .diagnose import Diagnosis, sharded_collectives
@@ -41,6 +41,8 @@ __all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "che
            "applied_problem", "prediction_error"]
 
 MODES = ("barrier", "overlap", "osp")
+#: wraps a what-if's solves (``"mode solver"`` strings): a progress bar, or nothing
+Progress = Callable[[Iterable[str]], Iterable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +170,10 @@ def rank_model(report: Diagnosis, graph: TrainGraph, *, reference_rank: int = 0,
 
 def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None = None, *,
                     time_limit_s: float = 10.0, seed: int = 0, reference_rank: int = 0,
-                    applied: Plan | None = None) -> WhatIf:
+                    applied: Plan | None = None, progress: Progress = lambda solves: solves) -> WhatIf:
     """See the module docstring; ``graph``'s op times are ``reference_rank``'s. ``applied``: the plan
-    the traced run applied (``SCHEDOPT_PLAN``), predicted beside the measured step instead of DDP."""
+    the traced run applied (``SCHEDOPT_PLAN``), predicted beside the measured step instead of DDP.
+    ``progress`` wraps the solves, ``"mode solver"`` each (a tqdm bar in the CLI)."""
     from .solvers import get, solvers_for
 
     check_replicated(report, applied)
@@ -184,14 +187,13 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
         period = simulate_ranks(applied_problem(applied, graph, cluster), applied, ranks).period
         traced = (applied.solver.name, applied.mode, period)
     best: dict[str, tuple[str, float]] = {}
-    for mode in MODES:
+    for mode, name in map(str.split, progress([f"{mode} {name}" for mode in MODES for name in solvers_for(mode)])):
         problem = Problem(graph=graph, cluster=cluster, mode=mode)
-        for name in solvers_for(mode):
-            try:
-                plan = get(name)(problem, seed=seed, **({"time_limit_s": time_limit_s} if name == "cpsat" else {}))
-            except SolverError:
-                continue
-            t = simulate_ranks(problem, plan, ranks).period
-            if mode not in best or t < best[mode][1]:
-                best[mode] = (name, t)
+        try:
+            plan = get(name)(problem, seed=seed, **({"time_limit_s": time_limit_s} if name == "cpsat" else {}))
+        except SolverError:
+            continue
+        t = simulate_ranks(problem, plan, ranks).period
+        if mode not in best or t < best[mode][1]:
+            best[mode] = (name, t)
     return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks, applied=traced)

@@ -34,7 +34,7 @@ from .plan import Plan
 from .problem import Problem
 from .simulate import simulate
 from .units import format_size
-from .whatif import applied_problem, measured_step_s, prediction_error
+from .whatif import Progress, applied_problem, measured_step_s, prediction_error
 
 __all__ = ["ShardedWhatIf", "check_inputs", "what_sharded_plans_gain"]
 
@@ -102,9 +102,11 @@ def traced_cluster(report: Diagnosis, cluster: Cluster) -> Cluster:
 
 
 def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None, *,
-                            time_limit_s: float = 10.0, seed: int = 0, applied: Plan | None = None) -> ShardedWhatIf:
+                            time_limit_s: float = 10.0, seed: int = 0, applied: Plan | None = None,
+                            progress: Progress = lambda solves: solves) -> ShardedWhatIf:
     """See the module docstring; ``applied``: the plan the traced run applied (``SCHEDOPT_PLAN``), the
-    layout predicted and planned against instead of FSDP2 per block.
+    layout predicted and planned against instead of FSDP2 per block; ``progress`` as for
+    :func:`.whatif.what_plans_gain`.
 
     Raises:
         SchedoptError: the traces are not of a sharded run, no cluster is given, or its measured costs
@@ -123,7 +125,7 @@ def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Clust
     peak = layout.predicted.peak_memory_bytes
     within = replace(problem, memory_budget_bytes=int(peak))
     best = {}
-    for name in solvers_for("sharded"):
+    for _, name in map(str.split, progress([f"sharded {name}" for name in solvers_for("sharded")])):
         try:
             plan = get(name)(within, seed=seed, **({"time_limit_s": time_limit_s} if name == "cpsat" else {}))
         except OverBudgetError:

@@ -22,7 +22,7 @@ from schedopt.errors import SchedoptError, TraceError
 from schedopt.intervals import covered, covered_union, length, uncovered, union
 from schedopt.importers import from_torch
 from schedopt.kineto import load_traces
-from schedopt.solvers import get
+from schedopt.solvers import get, solvers_for
 from schedopt.synthetic import transformer_like
 from schedopt.trace_costs import trace_costs
 from schedopt.whatif import what_plans_gain
@@ -200,7 +200,10 @@ def test_a_sharded_runs_what_if_is_fsdp2_per_block_and_the_plans_within_its_peak
     with pytest.raises(SchedoptError, match="sharded run .*what_sharded_plans_gain"):
         what_plans_gain(report, graph)
     cluster = Cluster(world_size=8, bandwidth_Bps=1e9, latency_s=1e-5, backend="gloo")
-    result = what_sharded_plans_gain(report, graph, cluster, time_limit_s=1)
+    seen: list[str] = []
+    result = what_sharded_plans_gain(report, graph, cluster, time_limit_s=1, progress=lambda solves: (
+        seen.append(x) or x for x in solves))
+    assert seen == [f"sharded {name}" for name in solvers_for("sharded")]
     assert (result.cluster.world_size, result.cluster.backend) == (2, "nccl")
     assert result.measured_s == pytest.approx(0.010) and result.traced_gathers == 1.0
     problem = Problem(graph=graph, cluster=result.cluster, mode="sharded")
@@ -262,7 +265,10 @@ def test_the_plan_a_traced_run_applied_is_predicted_in_place_of_its_baseline(tmp
     graph, cluster = transformer_like(2), Cluster(world_size=2, bandwidth_Bps=1e9, latency_s=1e-5)
     overlap = Problem(graph=graph, cluster=cluster, mode="overlap")
     plan = get("caramel")(overlap)
-    plain = what_plans_gain(report, graph, cluster, time_limit_s=1)
+    seen: list[str] = []  # the progress hook sees every solve, "mode solver"
+    plain = what_plans_gain(report, graph, cluster, time_limit_s=1, progress=lambda solves: (
+        seen.append(x) or x for x in solves))
+    assert seen == [f"{mode} {name}" for mode in ("barrier", "overlap", "osp") for name in solvers_for(mode)]
     result = what_plans_gain(report, graph, cluster, time_limit_s=1, applied=plan)
     assert result.applied == ("caramel", "overlap", simulate_ranks(overlap, plan, result.ranks).period)
     assert (result.measured_s, result.predicted_ddp_s) == (plain.measured_s, plain.predicted_ddp_s)
