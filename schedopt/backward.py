@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
-import networkx as nx
+if TYPE_CHECKING:  # networkx is imported where used: a process that only trains (a rank) never loads it
+    import networkx as nx
 
 from .cost import DeviceSpec
 from .errors import InvalidGraphError
@@ -105,6 +106,7 @@ def training_graph(
         InvalidGraphError: an input names an unknown or later op, a parameter
             is unknown, or a parameter does not reach the loss.
     """
+    import networkx as nx
     specs = {p.name: p for p in params}
     loss = _check_forward(forward, specs, loss)
     dag = nx.DiGraph()
@@ -161,6 +163,7 @@ def _readers_reaching_loss(forward: Sequence[ForwardOp], specs: Mapping[str, Par
                            loss: str) -> tuple[set[str], dict[str, list[str]]]:
     """1. The ops that lead to the loss, and each parameter's readers among them (every parameter
     must have one)."""
+    import networkx as nx
     live = nx.ancestors(dag, loss) | {loss}
     readers: dict[str, list[str]] = {p: [] for p in specs}
     for f in forward:

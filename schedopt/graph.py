@@ -27,9 +27,10 @@ import math
 import os
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
 
-import networkx as nx
+if TYPE_CHECKING:  # networkx is imported where used: a process that only trains (a rank) never loads it
+    import networkx as nx
 
 from .errors import GraphImportError, InvalidGraphError
 from .fields import Fields
@@ -215,6 +216,7 @@ class TrainGraph:
         modules: ModuleTree | None = None,
         check: bool = True,
     ) -> None:
+        import networkx as nx
         self.name = name
         self.meta: dict[str, Any] = dict(meta or {})
         self.grad_order: tuple[str, ...] | None = None if grad_order is None else tuple(grad_order)
@@ -467,6 +469,7 @@ def _check_module_owners(graph: TrainGraph) -> None:
 
 def _check_dag(graph: TrainGraph) -> None:
     """Step 1: acyclic, phases forward-only."""
+    import networkx as nx
     if not nx.is_directed_acyclic_graph(graph.dag):
         cycle = nx.find_cycle(graph.dag)
         path = " -> ".join([u for u, _ in cycle] + [cycle[-1][1]])

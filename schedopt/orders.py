@@ -49,9 +49,10 @@ Without one (ONNX and synthetic graphs), sequence numbers are estimated:
 from __future__ import annotations
 
 import weakref
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import networkx as nx
+if TYPE_CHECKING:  # networkx is imported where used: a process that only trains (a rank) never loads it
+    import networkx as nx
 
 from .graph import TrainGraph
 
@@ -66,6 +67,7 @@ _ENGINE_ORDERS: weakref.WeakKeyDictionary[TrainGraph, tuple[str, ...]] = weakref
 
 def topological_order(graph: TrainGraph) -> list[str]:
     """Return a topological order that follows source order wherever dependencies allow."""
+    import networkx as nx
     index = graph.index
     return list(nx.lexicographical_topological_sort(graph.dag, key=index.__getitem__))
 
@@ -95,6 +97,7 @@ def _engine_order(graph: TrainGraph) -> list[str]:
 
 def _recorded_order(graph: TrainGraph) -> list[str]:
     """Source order, with the ops that finish gradients chained in ``grad_order`` (module docstring)."""
+    import networkx as nx
     finishing = list(dict.fromkeys(graph.params[name].grad_op for name in graph.grad_order))
     chained = graph.dag.copy()
     chained.add_edges_from(zip(finishing, finishing[1:]))
@@ -105,6 +108,7 @@ def _recorded_order(graph: TrainGraph) -> list[str]:
 
 def _by_phase(graph: TrainGraph, dag: nx.DiGraph, backward_key=lambda op_id: 0) -> list[str]:
     """A topological order of ``dag``: forward, backward (by ``backward_key``), optimizer; ties by source order."""
+    import networkx as nx
     index = graph.index
 
     def key(op_id: str) -> tuple[int, int, int]:
@@ -116,6 +120,7 @@ def _by_phase(graph: TrainGraph, dag: nx.DiGraph, backward_key=lambda op_id: 0) 
 
 def _deadlines(graph: TrainGraph) -> dict[str, int]:
     """Op id -> the least ``grad_order`` position of a gradient it (or a descendant) finishes."""
+    import networkx as nx
     assert graph.grad_order is not None
     never = len(graph.grad_order)
     deadline = dict.fromkeys(graph.ops, never)
