@@ -165,8 +165,11 @@ class _Ranks:
             self.busy_start[g].append(start)
             self.busy_end[g].append(end)
 
-    zero = staticmethod(lambda groups: np.zeros(groups))
-    later = staticmethod(np.maximum)
+    def nothing(self) -> np.ndarray:
+        """A bucket's end in each group before any of its chunks is sent."""
+        return np.zeros(len(self.channel))
+
+    later = staticmethod(np.maximum)  # of two such ends, group by group
 
 
 class _OneChannel(_Ranks):
@@ -187,7 +190,9 @@ class _OneChannel(_Ranks):
         self._busy(0, begin, self.channel)
         return self.channel
 
-    zero = staticmethod(lambda groups: 0.0)
+    def nothing(self) -> float:
+        return 0.0
+
     later = staticmethod(max)
 
 
@@ -214,7 +219,7 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
     scale = np.asarray(model.rank_scale, float) if model.rank_scale else None
     ranks = _Ranks(model.ranks, groups, program.interference) if groups > 1 else \
         _OneChannel(model.ranks, program.interference)
-    never = ranks.zero(groups)
+    never = ranks.nothing()
     history: list[list] = []
     clocks = _Clocks()
     starts = _segments(n, settle, chunk_ready)
@@ -225,7 +230,7 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
             f *= scale
         w = np.add.reduceat(work[:, None] * f[:n], starts, axis=0) if n else f[:0]
         u = update[:, None] * f[n:]
-        done = [ranks.zero(groups) for _ in range(num_buckets)]
+        done = [ranks.nothing() for _ in range(num_buckets)]
         c = 0
         for s, j in enumerate([-1, *starts, n]):  # the segment starting at j (-1: before the step's work)
             for k in settle.get(j, ()) if j >= 0 else ():

@@ -33,6 +33,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: How often an idle rank checks that the process that spawned it is still there.
+PARENT_POLL_S = 2.0
+
+
 def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
     """A pool rank: join the group, then run tasks until told to stop (None)."""
     import torch
@@ -45,7 +49,7 @@ def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails with it
         results.put((rank, "error", (type(exc).__name__, str(exc), traceback.format_exc())))
         return
-    while (task := tasks.get()) is not None:
+    while (task := _next_task(tasks)) is not None:
         target, args, kwargs = task
         environ = dict(os.environ)
         try:
@@ -59,6 +63,25 @@ def _serve(rank: int, world_size: int, port: int, tasks, results) -> None:
                 torch._dynamo.reset()  # no recompile limit carried from one task's models to the next
             torch.set_num_threads(1)
     dist.destroy_process_group()
+
+
+def _next_task(tasks) -> tuple | None:
+    """The next task, or None when told to stop. A rank whose test process is gone exits: one that left
+    without closing its pool (as a test process may) would leave the rank waiting on its queue forever,
+    its own copy of the queue's write end keeping the pipe open, and every run of the suite would leave
+    ranks behind."""
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            return tasks.get(timeout=PARENT_POLL_S)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                os._exit(0)  # nobody to answer to, and no teardown that could wait on a peer
+
+
+def rank_pid(rank: int, world_size: int) -> int:
+    """A task: the rank's process id."""
+    return os.getpid()
 
 
 class RankError(AssertionError):

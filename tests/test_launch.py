@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,28 @@ def test_testbed_recompute_predicts_kept_plans_on_todays_engine_order(tmp_path, 
     (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
     assert testbed.recompute([str(tmp_path / "bad.json.gz")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_pool_ranks_leave_when_the_test_process_that_spawned_them_is_gone():
+    """A test process that exits without closing its rank pool (os._exit, as a worker may) leaves no rank
+    behind: each notices its parent is gone within a poll and exits."""
+    code = ("import os, json; from tests.distributed import rank_pid, run_ranks; "
+            "print(json.dumps(run_ranks(rank_pid, 2, timeout_s=60)), flush=True); os._exit(0)")
+    try:  # the ranks hold the process's stdout too: it ends when the last of them does
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the ranks outlived their test process by 90 s (its stdout stayed open)")
+    assert done.returncode == 0, done.stderr[-1500:]
+    pids = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    def running(pid: int) -> bool:  # a zombie has exited; whoever adopted it may not reap it at once
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [pid for pid in pids if running(pid)]
+    assert not left, f"ranks {left} outlived their test process"
