@@ -218,8 +218,8 @@ def _exposed_lines(report: Diagnosis) -> list[str]:
         f"{name} {sum(times) * per_step:.1f} ms ({len(times) / len(report.steps):.1f} exposed)"
         for name, times in sorted(kinds.items(), key=lambda kv: -sum(kv[1])))]
     shown = sorted(exposed, key=lambda sc: -sc[1].exposed_s)[:LISTED_EXPOSED]
-    lines.append(f"the {len(shown)} most exposed of {len(exposed)} (ms from the step's start):" if len(exposed) > len(shown)
-                 else "exposed collectives (ms from the step's start):")
+    which = f"the {len(shown)} most exposed of {len(exposed)}" if len(exposed) > len(shown) else "exposed collectives"
+    lines.append(f"{which} (ms from the step's start):")
     for s, c in shown:
         size = "" if c.nbytes is None else f", {c.nbytes / 2**20:.1f} MiB"
         lines.append(f"  rank {s.rank} step {s.step}: {c.name} issued {c.issue_s * 1e3:.1f}, ran "

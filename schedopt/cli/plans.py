@@ -249,7 +249,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     rows = sweep(graph, base, bandwidths_Bps=bandwidths, world_sizes=world_sizes, solvers=names, mode=args.mode,
                  execution=args.execution, time_limit_s=args.time_limit, seed=args.seed,
                  max_stale_fraction=args.max_stale_fraction, memory_budget_bytes=args.memory_budget,
-                 measured_ranks=args.rank_model == "measured", progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
+                 measured_ranks=args.rank_model == "measured",
+                 progress=(lambda cases: cases) if quiet else (lambda cases: _progress_bar(cases, "cases", "case")))
     out = Path(args.out) if args.out else None
     plot = args.plot or (str(out / "sweep.png") if out else None)
     if out is not None:
