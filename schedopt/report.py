@@ -35,9 +35,13 @@ one object per solver. The keys of a row are stable; scripts parse them:
                           memory budget (its row's times are null)
 ``period_s``              the plan's period on the problem's rank model (every
                           rank's ops varying as measured; null without one)
+``speedup_vs_fsdp``       sharded mode: FSDP2 per block's iteration (the
+                          ``fsdp-per-block`` plan within the same budget,
+                          torchtitan's layout) / this one; null in the other
+                          modes and where that layout does not fit the budget
 ========================  =====================================================
 
-Schema ``schedopt.compare/4`` added ``period_s`` to ``/3``'s. Schema ``/3`` added ``peak_memory_bytes``, ``num_units`` and, in sharded
+Schema ``schedopt.compare/5`` added ``speedup_vs_fsdp`` to ``/4``'s. Schema ``/4`` added ``period_s`` to ``/3``'s. Schema ``/3`` added ``peak_memory_bytes``, ``num_units`` and, in sharded
 rows without a plan, ``error`` to ``/2``'s. Schema ``/2`` added the last two keys to ``/1``'s, and
 measures the speedup in ``overlap`` mode against DDP as it runs (``/1``:
 against DDP's buckets in overlap mode).
@@ -55,7 +59,7 @@ from .problem import DEFAULT_MAX_STALE_FRACTION, Problem
 __all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
            "format_table", "format_csv", "perfect_overlap_s"]
 
-COMPARE_SCHEMA = "schedopt.compare/4"
+COMPARE_SCHEMA = "schedopt.compare/5"
 
 COLUMNS: tuple[str, ...] = (
     "solver",
@@ -76,9 +80,12 @@ COLUMNS: tuple[str, ...] = (
     "perfect_overlap_s",
     "headroom_share",
     "period_s",
+    "speedup_vs_fsdp",
 )
 
 BASELINE = "pytorch-ddp"
+#: sharded mode's own baseline: FSDP2 per repeated block, as torchtitan lays it out
+SHARDED_BASELINE = "fsdp-per-block"
 
 
 def comparison_json(problem: Problem, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -126,8 +133,9 @@ def ddp_timeline(problem: Problem, ddp_plan: Plan):
 
 
 def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None,
-                   period_s: float | None = None) -> dict[str, Any]:
-    """Return the comparison row of one solver's plan (its prediction must be set)."""
+                   period_s: float | None = None, fsdp_s: float | None = None) -> dict[str, Any]:
+    """Return the comparison row of one solver's plan (its prediction must be set); ``fsdp_s``: FSDP2 per
+    block's iteration, in sharded mode."""
     predicted = plan.predicted
     assert predicted is not None, "plans from the registry carry a prediction"
     iteration = predicted.iteration_s
@@ -151,6 +159,7 @@ def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | N
         "headroom_share": (baseline_s - iteration) / (baseline_s - perfect_s)
         if baseline_s is not None and perfect_s is not None and baseline_s - perfect_s > 1e-12 * baseline_s else None,
         "period_s": period_s,
+        "speedup_vs_fsdp": fsdp_s / iteration if fsdp_s and iteration > 0 else None,
     }
 
 
@@ -166,7 +175,8 @@ def compare(
     """Run each solver on ``problem`` and return one comparison row per solver.
 
     ``pytorch-ddp`` always runs (it is the speedup baseline: in sharded mode, on the same graph and
-    cluster replicated) and is reused when it is also in ``solvers``. ``progress`` wraps the
+    cluster replicated) and is reused when it is also in ``solvers``; in sharded mode so does
+    ``fsdp-per-block`` (``speedup_vs_fsdp``). ``progress`` wraps the
     iteration (a tqdm bar in the CLI); ``on_plan`` sees every plan (to save it). In sharded mode a
     solver with no plan within the memory budget gets a row with ``error`` and null times.
     """
@@ -190,11 +200,27 @@ def compare(
     baseline = ddp_iteration_s(_replicated(problem), plans.get(BASELINE) if problem.mode != "sharded" and
                                BASELINE in runners else ddp)
     perfect = perfect_overlap_s(problem)
+    fsdp = _fsdp_iteration_s(problem, plans, failed, seed) if problem.mode == "sharded" else None
     ranks = problem.rank_model is not None
-    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect,
+    return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect, fsdp_s=fsdp,
                            period_s=period(problem, plans[name]) if ranks else None) if name in plans else
             {**dict.fromkeys(COLUMNS), "solver": name, "status": "OVER_BUDGET", "error": failed[name]}
             for name in solvers]
+
+
+def _fsdp_iteration_s(problem: Problem, plans: dict[str, Plan], failed: dict[str, str], seed: int) -> float | None:
+    """FSDP2 per block's iteration on ``problem`` (the compared plan where it was compared); None where
+    that layout does not fit the budget."""
+    from .errors import OverBudgetError
+    from .solvers import get
+
+    if SHARDED_BASELINE in failed:
+        return None
+    try:
+        plan = plans.get(SHARDED_BASELINE) or get(SHARDED_BASELINE)(problem, seed=seed)
+    except OverBudgetError:
+        return None
+    return plan.predicted.iteration_s
 
 
 SWEEP_COLUMNS: tuple[str, ...] = ("world_size", "bandwidth_Bps", *COLUMNS)
@@ -256,7 +282,7 @@ def _cell(value: Any, column: str) -> str:
         from .units import format_size
 
         return format_size(value)
-    if column == "speedup_vs_ddp":
+    if column.startswith("speedup_vs_"):
         return f"{value:.3f}x"
     if column == "bandwidth_Bps":
         from .units import format_bandwidth

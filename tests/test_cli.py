@@ -67,17 +67,18 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     assert main(["compare", str(graph_file), "--solvers", "all", "--format", "json", "--out", str(out_dir)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"schema", "model", "cluster", "mode", "execution", "rows"}
-    assert result["schema"] == "schedopt.compare/4" and result["mode"] == "barrier" and result["execution"] == "eager"
+    assert result["schema"] == "schedopt.compare/5" and result["mode"] == "barrier" and result["execution"] == "eager"
     rows = result["rows"]
     # the documented, stable keys of a row (schedopt/report.py): scripts parse them
     assert all(list(row) == ["solver", "status", "iteration_s", "peak_memory_bytes", "lower_bound_s", "bound_s",
                              "gap", "gap_to_lower_bound", "exposed_comm_s", "comm_s", "compute_s", "num_buckets",
                              "num_units", "solve_time_s", "speedup_vs_ddp", "perfect_overlap_s", "headroom_share",
-                             "period_s"]
+                             "period_s", "speedup_vs_fsdp"]
                for row in rows)
     assert json.loads((out_dir / "compare.json").read_text())["rows"] == rows
     ddp = next(r for r in rows if r["solver"] == "pytorch-ddp")
     assert ddp["speedup_vs_ddp"] == pytest.approx(1.0) and ddp["headroom_share"] == pytest.approx(0.0)
+    assert all(r["speedup_vs_fsdp"] is None for r in rows)  # a sharded mode's figure
     for r in rows:  # the share of DDP's distance to max(compute, comm) that each plan takes
         assert r["perfect_overlap_s"] <= r["iteration_s"] * (1 + 1e-9)
         assert r["headroom_share"] == pytest.approx((ddp["iteration_s"] - r["iteration_s"])

@@ -434,10 +434,18 @@ def test_compare_sweep_and_simulate_rows_carry_peak_memory(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["solver"] for r in rows] == solvers_for("sharded")
     assert all(r["peak_memory_bytes"] > 0 and r["iteration_s"] > 0 and r["num_units"] >= 1 for r in rows)
+    per_block = next(r["iteration_s"] for r in rows if r["solver"] == "fsdp-per-block")
+    assert all(r["speedup_vs_fsdp"] == pytest.approx(per_block / r["iteration_s"], rel=1e-12) for r in rows)
     assert main(["compare", str(tmp_path / "g.json"), "--solvers", "fsdp-root,fsdp-size", "--memory-budget", "200KiB",
                  "--format", "json", *common]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert rows[0]["status"] == "OVER_BUDGET" and "at the least" in rows[0]["error"]
+    assert all(r["speedup_vs_fsdp"] is None for r in rows)  # per block does not fit 200 KiB either
+    assert main(["compare", str(tmp_path / "g.json"), "--solvers", "fsdp-size", "--format", "json", *common]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]  # per block planned as the baseline, not shown
+    assert row["speedup_vs_fsdp"] == pytest.approx(get("fsdp-per-block")(Problem(
+        graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="sharded")).predicted.iteration_s
+        / row["iteration_s"], rel=1e-12)
     assert main(["sweep", str(tmp_path / "g.json"), "--solvers", "fsdp-per-block", "--bandwidths", "10Gbps,100Gbps",
                  "--world-sizes", "8", "--mode", "sharded", "--format", "json"]) == 0
     assert all(r["peak_memory_bytes"] > 0 for r in json.loads(capsys.readouterr().out))

@@ -264,7 +264,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         sys.stdout.write(format_csv(rows, SWEEP_COLUMNS))
     else:
         print(format_table(rows, ("world_size", "bandwidth_Bps", "solver", "iteration_s", "peak_memory_bytes",
-                                  "lower_bound_s", "gap_to_lower_bound", "num_buckets", "num_units", "speedup_vs_ddp"),
+                                  "lower_bound_s", "gap_to_lower_bound", "num_buckets", "num_units", "speedup_vs_ddp",
+                                  "speedup_vs_fsdp"),
                            drop_empty=True))
         _print_errors(rows, lambda row: f"{row['world_size']} ranks at {format_bandwidth(row['bandwidth_Bps'])}: ")
         for label, path in (("csv", out / "sweep.csv" if out else None), ("plot", plot)):
