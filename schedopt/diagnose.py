@@ -100,6 +100,11 @@ class Diagnosis:
                                 "parallelism only, and predicts no such run")
 
     @property
+    def backend(self) -> str:
+        """The traced run's collectives' backend: a CPU trace's ranks ran gloo, a CUDA trace's NCCL."""
+        return "gloo" if self.device == "cpu" else "nccl"
+
+    @property
     def replicas(self) -> int:
         """HSDP's replicas: the world over the traced shard group (1 where the trace names none)."""
         n, world = self.shard_group, self.world_size

@@ -120,7 +120,7 @@ def cluster_from_trace(report: Diagnosis) -> Cluster:
     backend (a CPU trace's ranks ran gloo)."""
     points = [(c.nbytes, c.end_s - c.start_s) for s in report.steps for c in s.collectives
               if c.nbytes and c.end_s > c.start_s]
-    n, backend = report.world_size or 2, "gloo" if report.device == "cpu" else "nccl"
+    n, backend = report.world_size or 2, report.backend
     if not points:
         raise SchedoptError("the traces record no collective's size to fit the link to: give --cluster (a "
                             "`schedopt calibrate` file), or profile with record_shapes=True (examples/train.py "

@@ -33,13 +33,14 @@ from .graph import TrainGraph
 from .plan import Plan
 from .problem import Problem
 from .simulate import simulate
+from .report import SHARDED_BASELINE
 from .units import format_size
 from .whatif import Progress, applied_problem, measured_step_s, prediction_error
 
 __all__ = ["ShardedWhatIf", "check_inputs", "what_sharded_plans_gain"]
 
-#: the layout a traced FSDP run is predicted as
-TRACED_LAYOUT = "fsdp-per-block"
+#: the layout a traced FSDP run is predicted as: sharded mode's baseline, FSDP2 per block
+TRACED_LAYOUT = SHARDED_BASELINE
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ def traced_cluster(report: Diagnosis, cluster: Cluster) -> Cluster:
     """``cluster`` over the traced ranks, mesh and device."""
     replicas = cluster.replicas if report.shard_group is None else report.replicas
     return replace(cluster.with_ranks(report.world_size or cluster.world_size, replicas),
-                   backend="gloo" if report.device == "cpu" else "nccl")
+                   backend=report.backend)
 
 
 def what_sharded_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | None, *,

@@ -214,14 +214,14 @@ def _write_comparison_chart(problem: Problem, saved: dict[str, tuple[Plan, Any]]
                             path: Path) -> None:
     """The baseline's timeline (DDP in barrier mode, as torch runs it; sharded: FSDP2 per block) above the
     best plan's, on one time axis; nothing where no solver has a plan (every one over the memory budget)."""
-    from ..report import BASELINE, ddp_timeline
+    from ..report import BASELINE, SHARDED_BASELINE, ddp_timeline
     from ..trace import write_gantt_comparison
 
     planned = [r for r in rows if r.get("iteration_s") is not None and r["solver"] in saved]
     if not planned:
         return
     best = min(planned, key=lambda r: r["iteration_s"])["solver"]
-    baseline = "fsdp-per-block" if problem.mode == "sharded" else BASELINE
+    baseline = SHARDED_BASELINE if problem.mode == "sharded" else BASELINE
     shown = []
     if baseline in saved:
         plan, timeline = saved[baseline]
