@@ -165,17 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available()
+    from schedopt.rendezvous import check_rendezvous_env
     from schedopt.runtime.launch import join_process_group
 
     try:
+        where = check_rendezvous_env(what="examples/train.py")
+        if where.world_size % args.replicas:  # before any rank waits for the others
+            print(f"train.py: --replicas {args.replicas} does not divide the {where.world_size} ranks", file=sys.stderr)
+            return 2
         join_process_group(what="examples/train.py")
     except SchedoptError as exc:
         print(f"train.py: {exc}", file=sys.stderr)
         return 2
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world % args.replicas:
-        print(f"train.py: --replicas {args.replicas} does not divide the {world} ranks", file=sys.stderr)
-        return 2
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     try:
         torch.manual_seed(args.seed)

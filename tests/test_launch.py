@@ -187,9 +187,9 @@ def test_torchrun_applies_an_hsdp_plan_on_a_two_dimensional_mesh(tmp_path):
     assert main(["plan", f"{MODELS_FILE}:tiny_gpt", "--mode", "sharded", "--solver", "fsdp-per-block",
                  "--world-size", "2", "--replicas", "2", "-o", str(plan)]) == 0
     out = tmp_path / "run.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "examples" / "train.py"), "tiny_gpt", "--shard", "--replicas", "2", "--steps", "2",
-           "--threads", "1", "--quiet", "--json", str(out)]
+    train = [str(ROOT / "examples" / "train.py"), "tiny_gpt", "--shard", "--steps", "2", "--threads", "1", "--quiet"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *train,
+           "--replicas", "2", "--json", str(out)]
     done = subprocess.run(cmd, env={**os.environ, "SCHEDOPT_PLAN": str(plan)}, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -200,9 +200,10 @@ def test_torchrun_applies_an_hsdp_plan_on_a_two_dimensional_mesh(tmp_path):
     for step in run["rank0_collectives"]:
         assert sorted((kind, unit) for kind, unit, *_ in step) == [("all-reduce", k) for k in range(units)]
         assert all(0 <= issue <= end for *_, issue, end in step)
-    bad = subprocess.run(cmd[:-2] + ["--replicas", "3"], env={**os.environ, "SCHEDOPT_PLAN": str(plan)},
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "--replicas 3 does not divide the 2 ranks" in bad.stderr
+    # refused before joining, where torchrun's variables say the world's size: no launch needed to see it
+    bad = subprocess.run([sys.executable, *train, "--replicas", "3"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, **TORCHRUN_ENV, "SCHEDOPT_PLAN": str(plan)})
+    assert bad.returncode == 2 and bad.stderr.strip() == "train.py: --replicas 3 does not divide the 2 ranks"
 
 
 def test_profile_under_torchrun_times_every_rank_at_once(tmp_path):
