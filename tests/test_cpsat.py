@@ -219,7 +219,7 @@ HEURISTICS = [name for name in solvers_for("barrier") if name != "cpsat"]
 @pytest.mark.parametrize("mode", ["barrier", "overlap"])
 def test_cpsat_is_never_worse_than_any_heuristic(graph, mode):
     problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
-    plan = get("cpsat")(problem, time_limit_s=2)  # its guarantees hold at any time limit
+    plan = get("cpsat")(problem, time_limit_s=1)  # its guarantees hold at any time limit
     best = min(get(h)(problem).predicted.iteration_s for h in HEURISTICS)
     assert plan.predicted.iteration_s <= best * (1 + 1e-9)
     assert plan.solver.status in ("OPTIMAL", "FEASIBLE")
@@ -304,7 +304,7 @@ def test_bound_phase_keeps_the_higher_bound():
 def test_an_overlap_model_too_large_returns_the_warm_start_with_its_constant_bound():
     graph = transformer_like(2)
     problem = Problem(execution="compiled", graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode="overlap")
-    plan = get("cpsat")(problem, time_limit_s=5, num_workers=1, tuning={"overlap_max_pairs": 1})
+    plan = get("cpsat")(problem, time_limit_s=1, num_workers=1, tuning={"overlap_max_pairs": 1})
     assert plan.solver.status == "FEASIBLE" and plan.solver.stats["result"] == "hint"
     assert "too large" in plan.solver.stats["why"]
     compute = graph.totals.forward_s + graph.totals.backward_s + graph.totals.optimizer_s
@@ -586,12 +586,12 @@ def test_eager_cpsat_keeps_the_engine_order_and_beats_the_exact_bucketing(mode):
 
     graph = transformer_like(2)
     problem = Problem(graph=graph, cluster=Cluster.preset("100gbe", world_size=8), mode=mode)
-    plan = get("cpsat")(problem, time_limit_s=4)  # the two guarantees below hold at any time limit
+    plan = get("cpsat")(problem, time_limit_s=1)  # the two guarantees below hold at any time limit
     assert list(plan.order) == engine_order(graph)
     buckets, _ = optimal_contiguous_buckets(graph, engine_order(graph), problem.cluster)
     dp = Plan.for_problem(problem, order=engine_order(graph), buckets=buckets, solver=SolverInfo(name="dp"))
     assert plan.predicted.iteration_s <= simulate(problem, dp).iteration_s * (1 + 1e-9)
-    compiled = get("cpsat")(replace(problem, execution="compiled"), time_limit_s=4)
+    compiled = get("cpsat")(replace(problem, execution="compiled"), time_limit_s=1)
     assert compiled.predicted.iteration_s <= plan.predicted.iteration_s * (1 + 1e-9)
 
 

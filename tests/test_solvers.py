@@ -55,7 +55,7 @@ def test_unknown_option_is_a_solver_error(chain3, two_ranks):
 @pytest.mark.parametrize("mode", ["barrier", "overlap"])
 def test_every_solver_returns_a_valid_plan_with_a_prediction(name, graph, mode):
     problem = Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8), mode=mode)
-    plan = get(name)(problem, time_limit_s=2)  # what it checks holds at any time limit
+    plan = get(name)(problem, time_limit_s=1)  # what it checks holds at any time limit
     validate(plan, graph)
     assert plan.mode == mode and plan.solver.name == name
     assert plan.predicted == simulate(problem, plan).prediction()
