@@ -198,10 +198,13 @@ def _rank_main(rank: int, world: int, port: int, jobs: list[tuple[str, str, str 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    tasks: dict[str, Task] = {}  # each task's data, loaded once (its batches depend on the step only)
     try:
         for j, (task_name, mode, plan_path) in enumerate(jobs):
             started = time.monotonic()
-            result = _train(rank, world, TASK_MAKERS[task_name](args), mode, plan_path, args.seed)
+            if task_name not in tasks:
+                tasks[task_name] = TASK_MAKERS[task_name](args)
+            result = _train(rank, world, tasks[task_name], mode, plan_path, args.seed)
             if rank == 0:
                 result["seconds"] = time.monotonic() - started
                 Path(out_dir, f"{j}.json").write_text(json.dumps(result))
