@@ -65,7 +65,7 @@ def test_chunk_bounds_are_whole_and_nearly_equal():
 
 def every_plan(graph, mode: str):
     problem = Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8), mode=mode)
-    options = {"cpsat": {"time_limit_s": 1.0}}
+    options = {"cpsat": {"time_limit_s": 0.5}}  # any plan will do: the check is that the runtime issues its collectives
     return problem, [get(name)(problem, **options.get(name, {})) for name in sorted(solvers_for("barrier"))]
 
 
