@@ -50,7 +50,7 @@ def test_every_testbed_result_is_reported_and_kept_runs_give_periods(report):
 def test_the_readme_is_a_users_page_that_stands_alone():
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
-    for doc in ("design", "runtime", "solvers", "simulator", "formats", "testbed", "results"):
+    for doc in ("design", "runtime", "solvers", "simulator", "formats", "testbed", "results", "development"):
         assert (ROOT / "docs" / f"{doc}.md").is_file(), doc
     for path in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         assert "../shared" not in path.read_text(), path.name
