@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from schedopt.cost import DeviceSpec, overhead_scale
 from schedopt.errors import GraphImportError
@@ -40,6 +40,8 @@ __all__ = ["ProfileReport", "on_device", "profile_torch", "profile_launched", "p
 
 #: what a profile says of how much its times vary (the rank model's, :meth:`schedopt.ranks.RankModel.measured`)
 SPREADS = ("op_spread", "step_spread")
+#: Wraps the profiled iterations (their indices), as a progress bar does.
+Progress = Callable[[Iterable[int]], Iterable[int]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,10 +86,12 @@ def profile_torch(
     iterations: int = 5,
     warmup: int = 2,
     lr: float = 0.01,
+    progress: Progress | None = None,
 ) -> tuple[TrainGraph, ProfileReport]:
     """Return the aten-level graph of ``model`` with measured op times, and how well it predicts the step.
 
-    The model runs on the device its parameters are on (CPU here, CUDA where present).
+    The model runs on the device its parameters are on (CPU here, CUDA where present). ``progress``
+    wraps the iterations, warm-up included (a tqdm bar in the CLI).
 
     Raises:
         GraphImportError: the model cannot be traced or run.
@@ -115,7 +119,8 @@ def profile_torch(
     timer = _op_timer(traced, samples, _Stopwatch(on_cuda))
     optimizer = torch.optim.SGD(list(params.values()), lr=lr)
     steps, opt_times, ratios = _interleaved_runs(model, example_inputs, loss_fn, optimizer, timer, flat_args,
-                                                 samples, sync, warmup=warmup, iterations=iterations, name=name)
+                                                 samples, sync, warmup=warmup, iterations=iterations, name=name,
+                                                 progress=progress)
     timed = {op_id: statistics.fmean(samples[node_name]) * share
              for node_name, parts in builder.node_ops.items() for op_id, share in parts}
     return _measured(graph, timed, samples, steps, opt_times, ratios, device="cuda" if on_cuda else "cpu")
@@ -233,7 +238,8 @@ def _op_timer(traced: Any, samples: dict[str, list[float]], watch: _Stopwatch) -
 
 def _interleaved_runs(model: Any, example_inputs: tuple, loss_fn: Callable[..., Any], optimizer: Any, timer: Any,
                       flat_args: list[Any], samples: dict[str, list[float]], sync: Callable[[], None], *,
-                      warmup: int, iterations: int, name: str) -> tuple[list[float], list[float], dict]:
+                      warmup: int, iterations: int, name: str,
+                      progress: Progress | None = None) -> tuple[list[float], list[float], dict]:
     """Steps 2-3: the traced run, the eager step and the optimizer, interleaved; the eager steps, the
     optimizer steps and each parameter's ``|g| / |w|`` over the measured iterations."""
     import torch
@@ -255,7 +261,7 @@ def _interleaved_runs(model: Any, example_inputs: tuple, loss_fn: Callable[..., 
     steps, opt_times = [], []
     ratios: dict[str, list[float]] = {n: [] for n, p in model.named_parameters() if p.requires_grad}
     try:
-        for i in range(warmup + iterations):
+        for i in (progress or iter)(range(warmup + iterations)):
             if i == warmup:
                 for values in samples.values():
                     values.clear()
@@ -282,7 +288,7 @@ def _record_grad_to_weight(model: Any, ratios: dict[str, list[float]]) -> None:
 
 
 def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[..., Any], name: str | None = None,
-                     iterations: int = 5) -> tuple[TrainGraph, list[ProfileReport]] | None:
+                     iterations: int = 5, progress: Progress | None = None) -> tuple[TrainGraph, list[ProfileReport]] | None:
     """Under torchrun: every rank profiles at once, as the ranks will compute when they train.
 
     Ranks that share a host share its memory bandwidth and caches (two CPU ranks on this machine: each
@@ -304,7 +310,8 @@ def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[...
     try:
         dist.barrier()
         try:
-            graph, report = profile_torch(model, example_inputs, loss_fn=loss_fn, name=name, iterations=iterations)
+            graph, report = profile_torch(model, example_inputs, loss_fn=loss_fn, name=name, iterations=iterations,
+                                          progress=progress if rank == 0 else None)  # one bar, rank 0's
             spreads = {k: graph.meta[k] for k in SPREADS}
             mine: Any = ({op_id: op.duration_s for op_id, op in graph.ops.items()}, report, spreads)
         except GraphImportError as exc:

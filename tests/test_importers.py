@@ -246,9 +246,10 @@ def test_cli_import_and_profile(tmp_path):
     imported = TrainGraph.load(out)
     assert imported.meta["importer"] == "torch.aten" and imported.meta["device"] == "h100"
     profiled_path = tmp_path / "profiled.json"
-    result = run("profile", f"{MODELS_FILE}:tiny_cnn", "--iterations", "3", "-o", str(profiled_path))
+    result = run("profile", f"{MODELS_FILE}:tiny_cnn", "--iterations", "3", "--progress", "-o", str(profiled_path))
     assert result.returncode == 0, result.stderr
     assert "measured step" in result.stdout
+    assert "profile: " in result.stderr and "/5 [" in result.stderr  # the bar: 2 warm-up iterations and 3 timed
     profiled = TrainGraph.load(profiled_path)
     assert profiled.meta["costs"] == "profiled"
     # gradient statistics for osp's stage-2 choice: every parameter, finite and non-negative

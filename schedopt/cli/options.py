@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Iterator, NoReturn, Sequence
+from typing import Any, Iterable, Iterator, NoReturn, Sequence
 
 from ..cluster import Cluster, PRESETS
 from ..errors import SchedoptError
@@ -209,15 +209,17 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 def _show_progress(args: argparse.Namespace) -> bool:
     """A progress bar goes to a terminal (or anywhere with --progress), never beside JSON or CSV output."""
-    return args.format == "table" and (sys.stderr.isatty() or args.progress)
+    return getattr(args, "format", "table") == "table" and (sys.stderr.isatty() or args.progress)
 
 
-def _progress_bar(items: list, desc: str = "solvers", unit: str = "solver") -> Iterator:
+def _progress_bar(items: Iterable, desc: str = "solvers", unit: str = "solver", *, named: bool = True) -> Iterator:
+    """``items`` under a tqdm bar on stderr; ``named``: each item shown beside the bar while it runs."""
     from tqdm import tqdm
 
-    with tqdm(items, desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
+    with tqdm(list(items), desc=desc, unit=unit, file=sys.stderr, leave=False) as bar:
         for item in bar:
-            bar.set_postfix_str(str(item))
+            if named:
+                bar.set_postfix_str(str(item))
             yield item
 
 

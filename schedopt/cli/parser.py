@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
     p.add_argument("--iterations", type=_positive_int, default=10, help="timed iterations (default 10)")
     p.add_argument("--on", choices=("cpu", "cuda"), default="cpu", help="where the step runs (default cpu)")
+    p.add_argument("--progress", action="store_true",
+                   help="show a progress bar over the iterations even when stderr is not a terminal")
     p.add_argument("-o", "--output", default="graph.json", help="where to write the graph (default graph.json)")
     p.set_defaults(run=_cmd_profile)
 
