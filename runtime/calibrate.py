@@ -43,11 +43,18 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from schedopt.cluster import MISFIT, PLAN_SIZES_FROM, REFUSE, Cluster, FitQuality, calibrate, fit_quality, fit_shard_cost, misfits
 from schedopt.errors import CalibrationError, SchedoptError
 from schedopt.units import format_duration, format_size
+
+#: Wraps one phase's items (sizes, samples) under its name, as a progress bar does; on rank 0 only.
+Progress = Callable[[Iterable[Any], str], Iterable[Any]]
+
+
+def _quiet(items: Iterable[Any], _what: str) -> Iterable[Any]:
+    return items
 
 log = logging.getLogger("schedopt.runtime")
 
@@ -104,12 +111,13 @@ def _device(process_group: Any) -> Any:
 def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, time_limit_s: float = 60.0,
                       process_group: Any = None, min_repeats: int = 3, max_repeats: int = 20,
                       collective: str = "all-reduce", sizes: list[int] | None = None,
-                      agree_on: Any = None) -> list[Measurement]:
+                      agree_on: Any = None, progress: Progress = _quiet) -> list[Measurement]:
     """Time collectives of growing sizes on ``process_group`` (steps 1-2 of the module docstring):
     all-reduces, or FSDP2's ``all-gather`` / ``reduce-scatter`` of that many unsharded bytes; ``sizes``
     (the same on every rank) instead of ``min_bytes`` to ``max_bytes`` by factors of 4. The ranks of
     ``agree_on`` (a group holding ``process_group``'s ranks, HSDP's groups measuring at once; default
-    ``process_group``) run the same sizes and return the same medians, the slowest of theirs."""
+    ``process_group``) run the same sizes and return the same medians, the slowest of theirs.
+    ``progress`` wraps the sizes (the sweep may stop before the last, at its time limit)."""
     import torch
     import torch.distributed as dist
 
@@ -126,7 +134,7 @@ def measure_allreduce(*, min_bytes: int = 4 << 10, max_bytes: int = 256 << 20, t
     started = time.perf_counter()
     results: list[tuple[int, float, int]] = []
     last_s = 0.0
-    for nbytes in sizes:
+    for nbytes in progress(sizes, f"{collective}s"):
         # rank 0 (of agree_on) decides for everyone whether this size still fits the limit
         elapsed = time.perf_counter() - started
         go = torch.tensor([int(not results or elapsed + 4 * last_s * (min_repeats + 1) <= time_limit_s)],
@@ -174,8 +182,9 @@ def _collective(kind: str, nbytes: int, device: Any, process_group: Any):
 
 
 def measure_interference(cluster: Cluster, *, process_group: Any = None, num_samples: int = 15,
-                         work: Callable[[], Any] | None = None) -> list[float]:
-    """Return samples of how much slower compute runs while all-reduces are in flight.
+                         work: Callable[[], Any] | None = None, progress: Progress = _quiet) -> list[float]:
+    """Return samples of how much slower compute runs while all-reduces are in flight (``progress``
+    wraps the samples).
 
     Steps:
         1. The unit of compute: ``work`` (``schedopt calibrate --model``: the model's forward and
@@ -216,7 +225,7 @@ def measure_interference(cluster: Cluster, *, process_group: Any = None, num_sam
     nbytes = (slowest(timed(k)) / 8 - cluster.fixed_s) / cluster.seconds_per_byte
     load = AllReduceLoad(int(min(max(nbytes, 1 << 20), 64 << 20)), process_group)
     samples = []
-    for _ in range(num_samples):
+    for _ in progress(range(num_samples), "interference"):
         dist.barrier(group=process_group)
         alone = timed(k)
         dist.barrier(group=process_group)
@@ -272,11 +281,13 @@ class AllReduceLoad:
 
 def calibrate_process_group(*, process_group: Any = None, replicas: int = 1, algorithm: str = "ring",
                             force: bool = False, model: tuple[str, Callable[[], Any]] | None = None,
-                            interference_samples: int | None = None, **sweep: Any) -> Calibration:
+                            interference_samples: int | None = None, progress: Progress = _quiet,
+                            **sweep: Any) -> Calibration:
     """Measure (:func:`measure_allreduce`) and fit the cluster of ``process_group``; ``model``: its name
     and one forward and backward of it, the compute whose interference step 4 measures, in
     ``interference_samples`` samples (default 9 with a model, 15 with the matmul; each takes 0.6 s or more).
     ``replicas``: HSDP's (the module docstring; the default group only); 1: FSDP or data parallel.
+    ``progress`` wraps each phase's sizes or samples.
 
     Raises:
         SchedoptError: one rank; replicas that do not divide the ranks; fewer than two sizes measured
@@ -292,7 +303,7 @@ def calibrate_process_group(*, process_group: Any = None, replicas: int = 1, alg
         raise SchedoptError("calibrate needs at least 2 ranks (one rank does not communicate)")
     across, inside = _mesh_groups(replicas, process_group)
     try:
-        measurements = measure_allreduce(process_group=across, agree_on=process_group, **sweep)
+        measurements = measure_allreduce(process_group=across, agree_on=process_group, progress=progress, **sweep)
         if len(measurements) < 2:
             raise SchedoptError("calibrate measured fewer than two sizes within its time limit; give it more time")
         backend = str(dist.get_backend(process_group))
@@ -302,8 +313,9 @@ def calibrate_process_group(*, process_group: Any = None, replicas: int = 1, alg
                                                 force=force)
         quality = fit_quality(link, [m.nbytes for m in measurements], [m.median_s for m in measurements])
         interference = measure_interference(link, process_group=process_group, work=model[1] if model else None,
-                                            num_samples=interference_samples or (9 if model else 15))
-        swept = _sweep_shard_collectives(inside, sweep, agree_on=process_group) if inside is not None else {}
+                                            num_samples=interference_samples or (9 if model else 15), progress=progress)
+        swept = {} if inside is None else _sweep_shard_collectives(inside, sweep, agree_on=process_group,
+                                                                   progress=progress)
     finally:
         for group in {across, inside} - {process_group, None}:
             dist.destroy_process_group(group)
@@ -337,11 +349,12 @@ def _mesh_groups(replicas: int, process_group: Any) -> tuple[Any, Any]:
     return across, inside
 
 
-def _sweep_shard_collectives(group: Any, sweep: dict, *, agree_on: Any) -> dict[str, tuple[Measurement, ...]]:
+def _sweep_shard_collectives(group: Any, sweep: dict, *, agree_on: Any,
+                             progress: Progress = _quiet) -> dict[str, tuple[Measurement, ...]]:
     """Step 5 on ``group``: the all-gather's and the reduce-scatter's sweeps, each where it measured two sizes."""
     swept = {}
     for kind in ("all-gather", "reduce-scatter"):
-        measured = measure_allreduce(process_group=group, collective=kind, agree_on=agree_on, **{
+        measured = measure_allreduce(process_group=group, collective=kind, agree_on=agree_on, progress=progress, **{
             **sweep, "min_bytes": max(sweep.get("min_bytes", 0), 64 << 10),
             "time_limit_s": sweep.get("time_limit_s", 60.0) / 2})
         if len(measured) >= 2:
@@ -399,10 +412,12 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
     return cluster, measurements
 
 
-def calibrate_launched(backend: str | None = None, **options: Any) -> Calibration | None:
+def calibrate_launched(backend: str | None = None, *, progress: Progress = _quiet,
+                       **options: Any) -> Calibration | None:
     """Join the process group torchrun describes, calibrate it, leave; rank 0 gets the result, others None.
 
     ``backend``: ``nccl`` or ``gloo``; by default NCCL with CUDA (one GPU per local rank), else gloo.
+    ``progress``: rank 0's (:func:`calibrate_process_group`).
     """
     import torch.distributed as dist
 
@@ -410,7 +425,7 @@ def calibrate_launched(backend: str | None = None, **options: Any) -> Calibratio
 
     join_process_group(backend, what="schedopt calibrate")
     try:
-        result = calibrate_process_group(**options)
+        result = calibrate_process_group(progress=progress if dist.get_rank() == 0 else _quiet, **options)
         return result if dist.get_rank() == 0 else None
     finally:
         dist.barrier()  # gloo can abort when one rank tears the group down while another still uses it

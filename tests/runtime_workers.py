@@ -272,12 +272,19 @@ def calibrate_with_model(rank: int, world: int) -> dict[str, Any]:
     from schedopt.runtime.calibrate import calibrate_process_group
 
     spec = load_factory(f"{MODELS_FILE}:tiny_cnn")
-    calls = []
+    calls, phases = [], []
     step = spec.forward_backward()
+
+    def progress(items, what):  # what a progress bar would see: each phase's name and its items
+        phases.append([what, 0])
+        for item in items:
+            phases[-1][1] += 1
+            yield item
+
     result = calibrate_process_group(min_bytes=256 << 10, max_bytes=16 << 20, time_limit_s=10, force=True,
-                                     model=(spec.name, lambda: calls.append(step())))
+                                     model=(spec.name, lambda: calls.append(step())), progress=progress)
     return {"json": result.to_json(), "interference": result.cluster.interference, "calls": len(calls),
-            "grads": all(p.grad is not None for p in spec.model.parameters())}
+            "grads": all(p.grad is not None for p in spec.model.parameters()), "phases": phases}
 
 
 def backward_twice(rank: int, world: int, plan) -> str:

@@ -74,6 +74,12 @@ def test_calibrate_measures_interference_on_the_model_it_is_given():
     assert first["calls"] >= 5 + 2 * len(first["json"]["interference_samples"])
     assert len(first["json"]["interference_samples"]) == 9
     assert all(r["interference"] == first["interference"] >= 0 for r in results)  # the slowest rank's, on every rank
+    # its progress, phase by phase: the sizes swept (and the one a sweep stopped at, on its time limit), the
+    # interference samples, FSDP2's collectives' sizes
+    swept = first["json"]["shard_measurements"]
+    measured = [len(first["json"]["measurements"]), 9, len(swept["all-gather"]), len(swept["reduce-scatter"])]
+    assert [what for what, _ in first["phases"]] == ["all-reduces", "interference", "all-gathers", "reduce-scatters"]
+    assert all(n <= seen <= n + 1 for n, (_, seen) in zip(measured, first["phases"])), (first["phases"], measured)
 
 
 def test_calibrate_refuses_a_model_it_cannot_run_in_one_line(capsys, monkeypatch):

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="file.py:factory: measure how much slower this model's forward and backward run "
                                    "beside the collectives (default: a matmul stands in for it)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="passed to the model factory")
+    p.add_argument("--progress", action="store_true",
+                   help="show a progress bar over each phase's sizes and samples even when stderr is not a terminal")
     p.add_argument("--replicas", type=_positive_int, default=1,
                    help="HSDP: measure each collective on the group it runs on in this many replica groups of "
                         "consecutive ranks (FSDP2's 2-D mesh): all-reduces across them, all-gathers and "

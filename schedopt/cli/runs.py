@@ -99,9 +99,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.model:  # the compute whose interference is measured: the model that will train
         spec = _runnable(args, "calibrate --model")
         model = (spec.name, spec.forward_backward())
+    progress = (lambda items, what: _progress_bar(items, f"calibrate {what}", "sample" if what == "interference"
+                                                  else "size", named=False)) if _show_progress(args) else None
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
                                 max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,
-                                algorithm=args.algorithm, force=args.force, model=model, replicas=args.replicas)
+                                algorithm=args.algorithm, force=args.force, model=model, replicas=args.replicas,
+                                **({"progress": progress} if progress else {}))
     if result is None:  # not rank 0
         return 0
     result.cluster.save(args.output, calibration=result.to_json())
