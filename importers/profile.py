@@ -288,7 +288,8 @@ def _record_grad_to_weight(model: Any, ratios: dict[str, list[float]]) -> None:
 
 
 def profile_launched(model: Any, example_inputs: tuple, *, loss_fn: Callable[..., Any], name: str | None = None,
-                     iterations: int = 5, progress: Progress | None = None) -> tuple[TrainGraph, list[ProfileReport]] | None:
+                     iterations: int = 5,
+                     progress: Progress | None = None) -> tuple[TrainGraph, list[ProfileReport]] | None:
     """Under torchrun: every rank profiles at once, as the ranks will compute when they train.
 
     Ranks that share a host share its memory bandwidth and caches (two CPU ranks on this machine: each

@@ -61,7 +61,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     launched = "RANK" in os.environ or "WORLD_SIZE" in os.environ  # under torchrun: every rank profiles at once
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if args.on == "cuda" and launched else args.on
     model, inputs = on_device(spec.model, spec.example_inputs, device)
-    progress = (lambda steps: _progress_bar(steps, "profile", "iteration", named=False)) if _show_progress(args) else None
+    progress = None if not _show_progress(args) else (
+        lambda steps: _progress_bar(steps, "profile", "iteration", named=False))
     if launched:
         done = profile_launched(model, inputs, loss_fn=spec.loss_fn, name=spec.name, iterations=args.iterations,
                                 progress=progress)
