@@ -412,7 +412,7 @@ def test_a_real_cpu_trace_of_two_gloo_ranks(tmp_path):
     assert simulate(problem, plan).iteration_s == simulate(quiet, plan).iteration_s
     assert Problem(graph=graph, cluster=noisy).cluster.interference == 0.5  # estimated op times: it applies
     # and what plans would gain, from the trace alone (the cluster fitted to its collectives)
-    whatif = what_plans_gain(report, costs.graph, time_limit_s=1)
+    whatif = what_plans_gain(report, costs.graph, time_limit_s=0.5)  # what it checks holds at any time limit
     assert whatif.predicted_ddp_s > 0 and set(whatif.best) == {"barrier", "overlap", "osp"}
     assert all(t <= whatif.predicted_ddp_s * 1.001 for _, t in whatif.best.values())
 

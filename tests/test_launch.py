@@ -237,8 +237,8 @@ def test_torchrun_compile_applies_a_compiled_plan_and_compiles_the_ddp_baseline(
                              (["--ddp", "--compile"], {}, "ddp-compiled")):
         out = tmp_path / f"{kind}.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(ROOT / "examples" / "train.py"), "tiny_branches", "--steps", "3", "--threads", "1",
-               "--json", str(out), *extra]
+               str(ROOT / "examples" / "train.py"), "tiny_branches", "--steps", "1", "--warmup", "1",
+               "--threads", "1", "--json", str(out), *extra]
         done = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(out.read_text())["kind"] == kind
