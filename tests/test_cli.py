@@ -11,6 +11,7 @@ import pytest
 from schedopt import TrainGraph
 from schedopt.cli import main
 from schedopt.synthetic import diamond, transformer_like
+from schedopt.units import format_duration
 
 
 @pytest.fixture
@@ -49,6 +50,11 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
                  "--mode", "overlap", "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert data["cluster"]["world_size"] == 16 and data["cluster"]["name"] == "25gbe" and data["mode"] == "overlap"
+    assert "proved" not in capsys.readouterr().out  # a heuristic proves no bound
+    assert main(["plan", str(graph_file), "--solver", "cpsat", "--time-limit", "1", "-o", str(tmp_path / "c.json")]) == 0
+    solved = json.loads((tmp_path / "c.json").read_text())["solver"]  # cpsat's own bound, beside the simulator's
+    assert f"cpsat proved {format_duration(solved['bound_s'])}, gap {solved['gap']:.2%}, for " \
+        in capsys.readouterr().out
     trace, gantt = tmp_path / "trace.json", tmp_path / "gantt.png"
     assert main(["simulate", str(plan), str(graph_file), "--trace", str(trace), "--gantt", str(gantt)]) == 0
     events = json.loads(trace.read_text())["traceEvents"]

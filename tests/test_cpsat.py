@@ -258,10 +258,16 @@ def test_coarsening_keeps_gradient_ops_at_chain_ends():
 def test_progress_reports_objective_and_bound():
     seen = []
     problem = Problem(execution="compiled", graph=branches(3), cluster=Cluster.preset("100gbe", world_size=8))
-    get("cpsat")(problem, time_limit_s=5, on_progress=seen.append)
-    assert seen, "CP-SAT reported no solution (the repaired warm start counts as one)"
+    plan = get("cpsat")(problem, time_limit_s=5, on_progress=seen.append)
+    assert len(seen) >= 2, "CP-SAT reported no solution (the repaired warm start counts as one)"
+    # the first report is the warm starts' best, once they are done and before the model is built, beside the
+    # simulator's bound; the plan is no slower
+    stats = plan.solver.stats
+    assert stats["warm_start_s"] <= seen[0].wall_s <= stats["warm_start_s"] + stats["model_s"]
+    assert seen[0].bound_s == pytest.approx(lower_bound(problem)) and seen[0].objective_s >= plan.predicted.iteration_s
     for progress in seen:
         assert progress.bound_s <= progress.objective_s + 1e-9
+    assert [p.wall_s for p in seen] == sorted(p.wall_s for p in seen)
 
 
 @settings(max_examples=24, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
