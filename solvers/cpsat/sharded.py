@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from schedopt.errors import OverBudgetError, SolverError
 from schedopt.orders import engine_order
@@ -476,22 +476,28 @@ def _asynchronous(problem: Problem, plan: Plan) -> Plan:
     return plan
 
 
-def solve_sharded(problem: Problem, options: ShardedOptions) -> Plan:
+#: Told each better step found (and the lower bound) as the solve goes: the warm starts' best, then CP-SAT's.
+Report = Callable[[float, float], None]
+
+
+def solve_sharded(problem: Problem, options: ShardedOptions, report: Report | None = None) -> Plan:
     """CP-SAT's sharded plan, never worse than the best baseline within budget (see the module docstring);
     where the problem's ranks vary, the best of it and the warm starts on them (:func:`.recheck.on_ranks`)."""
     started = time.perf_counter()
     starts = _warm_starts(problem, options.fine_units)
-    plan = _solve_sharded(problem, options, starts, started)
+    plan = _solve_sharded(problem, options, starts, started, report or (lambda _step, _bound: None))
     if problem.rank_model is None:
         return plan
     return on_ranks(problem, plan, [(s.predicted.iteration_s, s) for s in starts], keep=len(starts))
 
 
-def _solve_sharded(problem: Problem, options: ShardedOptions, starts: list[Plan], started: float) -> Plan:
+def _solve_sharded(problem: Problem, options: ShardedOptions, starts: list[Plan], started: float,
+                   report: Report) -> Plan:
     from ortools.sat.python import cp_model
 
     best = starts[0]
     bound = sharded_lower_bound(problem)
+    report(best.predicted.iteration_s, bound)
     stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
 
     def finish(plan: Plan, status: str, **more: Any) -> Plan:
@@ -537,5 +543,6 @@ def _solve_sharded(problem: Problem, options: ShardedOptions, starts: list[Plan]
     t = simulate(problem, plan)
     if t.iteration_s >= best.predicted.iteration_s:
         return finish(best, "FEASIBLE", result="warm start", why="CP-SAT's plan simulates no faster")
+    report(t.iteration_s, bound)
     gap_ok = t.iteration_s <= bound * (1 + 1e-9)
     return finish(plan, "OPTIMAL" if gap_ok else "FEASIBLE", result="model")

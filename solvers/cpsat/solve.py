@@ -75,8 +75,12 @@ def solve_cpsat(
         unknown = sorted(set(tuning or {}) - known)
         if unknown:
             raise SolverError(f"cpsat has no sharded tuning {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(known))}")
+        started = time.perf_counter()
+        report = None if on_progress is None else (lambda step_s, bound_s: on_progress(CpsatProgress(
+            wall_s=time.perf_counter() - started, objective_s=step_s, bound_s=min(bound_s, step_s))))
         return solve_sharded(problem, ShardedOptions(time_limit_s=60.0 if time_limit_s is None else time_limit_s,
-                                                     num_workers=num_workers, seed=seed, **dict(tuning or {})))
+                                                     num_workers=num_workers, seed=seed, **dict(tuning or {})),
+                             report)
     options = CpsatOptions.make(tuning, time_limit_s=60.0 if time_limit_s is None else time_limit_s,
                                 num_workers=num_workers, seed=seed, max_buckets=max_buckets)
     return _Solve(problem, options, on_progress).run()
