@@ -335,7 +335,7 @@ def test_every_sharded_solver_keeps_to_the_budget_or_says_the_least_it_reaches()
     assert cp.predicted.iteration_s <= get("fsdp-per-block")(tight).predicted.iteration_s * (1 + 1e-9)
     # its progress: the warm starts' best, then CP-SAT's plan where it is faster, each beside the bound
     assert len(seen) == (2 if cp.solver.stats["result"] == "model" else 1)
-    assert seen[0].objective_s == cp.solver.stats["warm_start_s"] and seen[-1].objective_s == cp.solver.objective_s
+    assert seen[0].objective_s == cp.solver.stats["warm_start_step_s"] and seen[-1].objective_s == cp.solver.objective_s
     assert all(e.bound_s == min(cp.solver.bound_s, e.objective_s) for e in seen)
     with pytest.raises(SolverError, match=r"fsdp-per-block: its units peak at .* at the least"):
         get("fsdp-per-block")(replace(free, memory_budget_bytes=1000))

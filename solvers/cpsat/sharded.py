@@ -498,7 +498,7 @@ def _solve_sharded(problem: Problem, options: ShardedOptions, starts: list[Plan]
     best = starts[0]
     bound = sharded_lower_bound(problem)
     report(best.predicted.iteration_s, bound)
-    stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_s": best.predicted.iteration_s}
+    stats: dict[str, Any] = {"warm_start": best.solver.name, "warm_start_step_s": best.predicted.iteration_s}
 
     def finish(plan: Plan, status: str, **more: Any) -> Plan:
         info = SolverInfo(name="cpsat", status=status, objective_s=simulate(problem, plan).iteration_s,
