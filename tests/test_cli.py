@@ -51,7 +51,8 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     data = json.loads(plan.read_text())
     assert data["cluster"]["world_size"] == 16 and data["cluster"]["name"] == "25gbe" and data["mode"] == "overlap"
     assert "proved" not in capsys.readouterr().out  # a heuristic proves no bound
-    assert main(["plan", str(graph_file), "--solver", "cpsat", "--time-limit", "1", "-o", str(tmp_path / "c.json")]) == 0
+    assert main(["plan", str(graph_file), "--solver", "cpsat", "--time-limit", "1", "-o",
+                 str(tmp_path / "c.json")]) == 0
     solved = json.loads((tmp_path / "c.json").read_text())["solver"]  # cpsat's own bound, beside the simulator's
     assert f"cpsat proved {format_duration(solved['bound_s'])}, gap {solved['gap']:.2%}, for " \
         in capsys.readouterr().out
@@ -321,6 +322,19 @@ def test_the_api_raises_solver_error_for_bad_options():
     with pytest.raises(SolverError, match="option max_chunks must be an integer"):
         get("caramel")(problem, max_chunks=2.5)
     assert get("caramel")(problem, max_chunks=2).solver.name == "caramel"  # a good value still runs
+
+
+def test_the_plan_line_says_what_the_solver_proved_and_whose_plan_the_ranks_kept():
+    from schedopt.cli.plans import _proven
+    from schedopt.plan import SolverInfo
+
+    stats = {"bound_covers": "plans of at most 8 buckets in the engine's order (the model's)", "rank_choice": "horovod"}
+    info = SolverInfo(name="cpsat", status="OPTIMAL", objective_s=0.632, bound_s=0.617, stats=stats)
+    assert _proven(info) == ("; cpsat proved 617ms, gap 2.37%, for plans of at most 8 buckets in the engine's order; "
+                             "horovod's plan kept, the fastest on the ranks' varying op times")
+    assert _proven(SolverInfo(name="cpsat", status="OPTIMAL", objective_s=0.632, bound_s=0.632,
+                              stats={"rank_choice": "cpsat"})) == "; cpsat proved 632ms, gap 0.00%"
+    assert _proven(SolverInfo(name="caramel", status="HEURISTIC")) == ""  # no bound, nothing claimed
 
 
 @pytest.mark.parametrize("after_s", [2.0, 7.0])  # in the warm-start search, then in CP-SAT's own solve

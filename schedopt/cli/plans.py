@@ -43,12 +43,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _proven(info: Any) -> str:
-    """``; proved 64.3ms, gap 3.09%, for every plan with this forward order``: a solver's own bound, where it
-    proved one (above the simulator's lower bound, which holds for every plan, and over the plans it names)."""
+    """``; cpsat proved 64.3ms, gap 3.09%, for every plan with this forward order``: a solver's own bound,
+    where it proved one (above the simulator's lower bound, which holds for every plan, and over the plans
+    it names); and where the ranks' varying op times chose another solver's plan, whose."""
     if info.gap is None:
         return ""
     covers = str(info.stats.get("bound_covers", "")).split(" (")[0]
-    return f"; {info.name} proved {format_duration(info.bound_s)}, gap {info.gap:.2%}" + (f", for {covers}" if covers else "")
+    chosen = info.stats.get("rank_choice", info.name)
+    return (f"; {info.name} proved {format_duration(info.bound_s)}, gap {info.gap:.2%}"
+            + (f", for {covers}" if covers else "")
+            + (f"; {chosen}'s plan kept, the fastest on the ranks' varying op times" if chosen != info.name else ""))
 
 
 def _plan_shape(plan: Plan) -> str:

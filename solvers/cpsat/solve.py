@@ -109,7 +109,7 @@ class _Solve:
         stats["warm_start_s"] = self.deadline.elapsed()
         self.hint_s, _, self.hint_plan = min((t, k, p) for k, (t, p) in enumerate(candidates))
         stats["warm_start"] = self.hint_plan.solver.name
-        if self.on_progress is not None:  # the first figure: the warm starts' best (their search takes up to half the time)
+        if self.on_progress is not None:  # the first figure: the warm starts' best (their search: up to half the time)
             self.on_progress(CpsatProgress(wall_s=self.deadline.elapsed(), objective_s=self.hint_s,
                                            bound_s=min(lower_bound(problem), self.hint_s)))
         if not problem.graph.params or problem.cluster.world_size == 1:
