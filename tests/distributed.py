@@ -14,8 +14,9 @@ does.
 The ranks are forked from a server process that has imported torch and the
 runtime once (multiprocessing's ``forkserver`` with those modules preloaded):
 a rank then starts in a fraction of a second instead of 1.5-2 s of CPU for a
-fresh interpreter's imports, and nothing of the test process is inherited.
-Where the platform has no ``forkserver``, they are spawned.
+fresh interpreter's imports. A rank inherits nothing of the test process but
+the environment the server started with (its first pool's); a task that needs
+a variable sets it. Where the platform has no ``forkserver``, they are spawned.
 """
 
 from __future__ import annotations
