@@ -412,7 +412,7 @@ def _fit_and_remeasure(measurements: list[Measurement], *, world_size: int, algo
     return cluster, measurements
 
 
-def calibrate_launched(backend: str | None = None, *, progress: Progress = _quiet,
+def calibrate_launched(backend: str | None = None, *, progress: Progress | None = None,
                        **options: Any) -> Calibration | None:
     """Join the process group torchrun describes, calibrate it, leave; rank 0 gets the result, others None.
 
@@ -425,7 +425,7 @@ def calibrate_launched(backend: str | None = None, *, progress: Progress = _quie
 
     join_process_group(backend, what="schedopt calibrate")
     try:
-        result = calibrate_process_group(progress=progress if dist.get_rank() == 0 else _quiet, **options)
+        result = calibrate_process_group(progress=progress if progress and dist.get_rank() == 0 else _quiet, **options)
         return result if dist.get_rank() == 0 else None
     finally:
         dist.barrier()  # gloo can abort when one rank tears the group down while another still uses it

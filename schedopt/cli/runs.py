@@ -105,7 +105,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     result = calibrate_launched(args.backend, min_bytes=parse_size(args.min_size),
                                 max_bytes=parse_size(args.max_size), time_limit_s=args.time_limit,
                                 algorithm=args.algorithm, force=args.force, model=model, replicas=args.replicas,
-                                **({"progress": progress} if progress else {}))
+                                progress=progress)
     if result is None:  # not rank 0
         return 0
     result.cluster.save(args.output, calibration=result.to_json())

@@ -47,7 +47,7 @@ def on_ranks(problem: Problem, plan: Plan, candidates: list[tuple[float, Plan]],
     }
     info = replace(plan.solver, objective_s=one_rank_s if k else plan.solver.objective_s,
                    stats={**plan.solver.stats, **record})
-    if k and info.status == "OPTIMAL" and info.gap:  # proven for cpsat's plan, not for the one kept instead
+    if k and info.status == "OPTIMAL" and info.gap > 1e-9:  # proven for cpsat's plan, not the one kept instead
         info = replace(info, status="FEASIBLE", stats={**info.stats, "model_status": "OPTIMAL"})
     return replace(best, solver=info, predicted=None if k else plan.predicted)
 

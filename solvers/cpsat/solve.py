@@ -110,8 +110,7 @@ class _Solve:
         self.hint_s, _, self.hint_plan = min((t, k, p) for k, (t, p) in enumerate(candidates))
         stats["warm_start"] = self.hint_plan.solver.name
         if self.on_progress is not None:  # the first figure: the warm starts' best (their search: up to half the time)
-            self.on_progress(CpsatProgress(wall_s=self.deadline.elapsed(), objective_s=self.hint_s,
-                                           bound_s=min(lower_bound(problem), self.hint_s)))
+            self.report_bound(lower_bound(problem))
         if not problem.graph.params or problem.cluster.world_size == 1:
             return self.fallback("OPTIMAL", "nothing to communicate", bound_s=self.hint_s, covers="every plan")
         self.tick_s = self.hint_s / options.horizon_ticks
@@ -192,7 +191,7 @@ class _Solve:
         result = relax(model.items, model.dur, model.coarse.edges, model.A, upper,
                        options.relaxation_share * self.deadline.left(),
                        num_workers=options.num_workers, seed=options.seed, floor=model.static_bound,
-                       on_step=self.report_bound)
+                       on_step=lambda bound: self.report_bound(self.seconds(bound)))
         stats.update(relaxation=result.status, relaxation_bound_s=self.seconds(result.bound))
         model.static_bound = max(model.static_bound, result.bound)
         if result.calls is None or not self.problem.reorders:  # eager: the engine's order stays
@@ -221,13 +220,13 @@ class _Solve:
         self.stats.update(split_bound=result.status, split_bound_s=self.seconds(result.bound))
         if result.bound > model.static_bound:
             model.static_bound = result.bound
-            self.report_bound(result.bound)
+            self.report_bound(self.seconds(result.bound))
 
-    def report_bound(self, bound: int) -> None:
-        """A bound proven before CP-SAT's phases, reported against the best plan so far."""
+    def report_bound(self, bound_s: float) -> None:
+        """A bound proven before CP-SAT's phases (seconds), reported against the best plan so far."""
         if self.on_progress is not None:
             self.on_progress(CpsatProgress(wall_s=self.deadline.elapsed(), objective_s=self.hint_s,
-                                           bound_s=min(self.seconds(bound), self.hint_s)))
+                                           bound_s=min(bound_s, self.hint_s)))
 
     def relaxed_plan(self, model: OverlapModel, result: Relaxation) -> Plan:
         """A relaxation's solution as a plan: the backward ops by the call that first needs them, the
