@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedopt import Cluster, Problem, SolverError, simulate
+from schedopt import Cluster, Problem, SolverError, TrainGraph, simulate
 from schedopt.orders import engine_order, ready_order
 from schedopt.plan import validate
 from schedopt.solvers import SOLVERS, get, solvers_for
@@ -20,24 +21,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 1024 * 1024
 
-GRAPHS = [chain(4), diamond(), branches(3), transformer_like(2)]
+SYNTHETIC = {g.name: g for g in (chain(4), diamond(), branches(3), transformer_like(2))}
+TINY = ("tiny_cnn", "tiny_gpt", "tiny_branches", "tiny_inception")
 
 
-def _tiny_imported() -> list:
-    """The tiny example models, imported at aten level (the dev setup installs torch: no silent shrink)."""
+@functools.cache
+def _graph(name: str) -> TrainGraph:
+    """A synthetic graph, or a tiny example model imported at aten level (the dev setup installs torch: no
+    silent shrink). Imported when a test first asks, not at collection, which every test process runs."""
+    if name in SYNTHETIC:
+        return SYNTHETIC[name]
     from schedopt.importers import from_torch
 
     from .models_path import example_models
 
-    models = example_models()
-    graphs = []
-    for name in ("tiny_cnn", "tiny_gpt", "tiny_branches", "tiny_inception"):
-        model, inputs, *loss = getattr(models, name)()
-        graphs.append(from_torch(model, inputs, loss_fn=loss[0] if loss else None, name=name))
-    return graphs
-
-
-GRAPHS += _tiny_imported()
+    model, inputs, *loss = getattr(example_models(), name)()
+    return from_torch(model, inputs, loss_fn=loss[0] if loss else None, name=name)
 
 
 def test_unknown_solver_lists_the_valid_ones():
@@ -51,9 +50,10 @@ def test_unknown_option_is_a_solver_error(chain3, two_ranks):
 
 
 @pytest.mark.parametrize("name", solvers_for("barrier"))
-@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.name)
+@pytest.mark.parametrize("graph_name", [*SYNTHETIC, *TINY])
 @pytest.mark.parametrize("mode", ["barrier", "overlap"])
-def test_every_solver_returns_a_valid_plan_with_a_prediction(name, graph, mode):
+def test_every_solver_returns_a_valid_plan_with_a_prediction(name, graph_name, mode):
+    graph = _graph(graph_name)
     problem = Problem(graph=graph, cluster=Cluster.preset("10gbe", world_size=8), mode=mode)
     plan = get(name)(problem, time_limit_s=1)  # what it checks holds at any time limit
     validate(plan, graph)
@@ -88,8 +88,6 @@ def test_engine_order_runs_backward_by_highest_sequence_number():
 def test_recorded_engine_order_moves_only_gradient_finishing_ops():
     """Traced: input grad, weight grad, bias grad; hooks: bias, weight. Only the weight's op moves; the
     head-like op that finishes nothing keeps its early place though its gradient is needed last."""
-    from schedopt import TrainGraph
-
     from .conftest import op, param
 
     ops = [op("fwd", "forward", 1, reads=["w", "b", "e"]), op("head", "backward", 5),
