@@ -342,12 +342,17 @@ def test_the_plan_line_says_what_the_solver_proved_and_whose_plan_the_ranks_kept
     from schedopt.cli.plans import _proven
     from schedopt.plan import SolverInfo
 
-    stats = {"bound_covers": "plans of at most 8 buckets in the engine's order (the model's)", "rank_choice": "horovod"}
+    stats = {"bound_covers": "plans of at most 8 buckets in the engine's order (the model's)", "rank_choice": "horovod",
+             "rank_gap": 0.1}
     info = SolverInfo(name="cpsat", status="FEASIBLE", objective_s=0.632, bound_s=0.617, stats=stats)
     assert _proven(info) == ("; cpsat proved 617ms, gap 2.37%, for plans of at most 8 buckets in the engine's order; "
-                             "horovod's plan kept, the fastest on the ranks' varying op times")
+                             "horovod's plan kept, the fastest on the ranks' varying op times: 679ms, 10.00% above "
+                             "that bound")
     assert _proven(SolverInfo(name="cpsat", status="OPTIMAL", objective_s=0.632, bound_s=0.632,
-                              stats={"rank_choice": "cpsat"})) == "; cpsat proved 632ms, gap 0.00%"
+                              stats={"rank_choice": "cpsat", "rank_gap": 0.05})) == (
+        "; cpsat proved 632ms, gap 0.00%; on the ranks' varying op times: 664ms, 5.00% above that bound")
+    assert _proven(SolverInfo(name="cpsat", status="OPTIMAL", objective_s=0.632, bound_s=0.632)) == \
+        "; cpsat proved 632ms, gap 0.00%"  # one rank alike: nothing re-checked
     assert _proven(SolverInfo(name="caramel", status="HEURISTIC")) == ""  # no bound, nothing claimed
 
 

@@ -50,9 +50,13 @@ def _proven(info: Any) -> str:
         return ""
     covers = str(info.stats.get("bound_covers", "")).split(" (")[0]
     chosen = info.stats.get("rank_choice", info.name)
+    ranks = ""
+    if (rank_gap := info.stats.get("rank_gap")) is not None:
+        on_ranks = format_duration(info.bound_s * (1 + rank_gap))
+        ranks = (f"; {chosen}'s plan kept, the fastest on the ranks' varying op times" if chosen != info.name else
+                 "; on the ranks' varying op times") + f": {on_ranks}, {rank_gap:.2%} above that bound"
     return (f"; {info.name} proved {format_duration(info.bound_s)}, gap {info.gap:.2%}"
-            + (f", for {covers}" if covers else "")
-            + (f"; {chosen}'s plan kept, the fastest on the ranks' varying op times" if chosen != info.name else ""))
+            + (f", for {covers}" if covers else "") + ranks)
 
 
 def _plan_shape(plan: Plan) -> str:
