@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import strategies as st
 
 from schedopt import Bucket, Cluster, Plan, Problem, TrainGraph
 from schedopt.backward import ForwardOp, ParamSpec, training_graph
 from schedopt.cost import DeviceSpec
 from schedopt.plan import SolverInfo
+from schedopt.synthetic import chain
 
 
 @st.composite
@@ -86,3 +89,27 @@ def problems_and_plans(draw, max_ops: int = 8, interference: bool = False) -> tu
     plan = Plan.for_problem(problem, order=draw(random_orders(graph)), buckets=draw(random_buckets(graph)),
                             solver=SolverInfo(name="random"))
     return problem, plan
+
+
+@st.composite
+def sharded_cases(draw) -> tuple[Problem, list, bool]:
+    """A sharded problem on a random chain and cluster (HSDP, measured collectives, gloo or NCCL), and a
+    plan's units and ``async_unshard``: layers cut into units, random reshards and prefetches."""
+    graph = chain(draw(st.integers(2, 5)), width=draw(st.sampled_from([64, 256, 1024])))
+    layers = [f"layer{i}" for i in range(len(graph.params) // 2)]
+    cuts = sorted(draw(st.sets(st.integers(1, len(layers) - 1), max_size=len(layers) - 1)))
+    groups = [layers[a:b] for a, b in zip([0, *cuts], [*cuts, len(layers)])]
+    from schedopt.solvers.fsdp import build_units
+
+    units = build_units(graph, groups, reshard=[draw(st.booleans()) for _ in groups],
+                        prefetch_forward=draw(st.integers(0, 3)), prefetch_backward=draw(st.integers(0, 3)))
+    units = [replace(u, reshard_after_forward=False) if u is units[-1] else u for u in units]
+    world = draw(st.sampled_from([2, 8, 64]))
+    cluster = Cluster(world_size=world, replicas=draw(st.sampled_from([r for r in (1, 1, 2, 8, 64) if world % r == 0])),
+                      shard_bandwidth_Bps=draw(st.sampled_from([None, 3e11])),
+                      bandwidth_Bps=draw(st.sampled_from([1e9, 12.5e9, 100e9])),
+                      latency_s=draw(st.sampled_from([0.0, 5e-6, 50e-6])), call_s=draw(st.sampled_from([0.0, 1e-5])),
+                      interference=draw(st.sampled_from([0.0, 0.3])), backend=draw(st.sampled_from(["nccl", "gloo"])),
+                      shard_costs=draw(st.sampled_from([None, {"all-gather": [1e-4, 2e-8], "reduce-scatter": [5e-4, 4e-8]},
+                                                        {"reduce-scatter": [0.0, 1e-7]}])))
+    return Problem(graph=graph, cluster=cluster, mode="sharded"), units, draw(st.booleans())

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schedopt import Cluster, Problem, simulate
+from schedopt import Cluster, Plan, Problem, simulate
 from schedopt.errors import SchedoptError, UnitError
+from schedopt.plan import SolverInfo
 from schedopt.ranks import RankModel, simulate_ranks
 from schedopt.solvers import get
 from schedopt.synthetic import transformer_like
 
-from .strategies import problems_and_plans
+from .strategies import problems_and_plans, sharded_cases
 
 MODES = [("barrier", "pytorch-ddp"), ("barrier", "mgwfbp"), ("overlap", "pytorch-ddp"), ("osp", "pytorch-ddp")]
 
@@ -289,3 +290,24 @@ def test_no_rank_model_period_is_below_the_one_rank_period_so_the_bound_holds_on
     run = simulate_ranks(problem, plan, model)
     assert run.period >= one.iteration_s * (1 - 0.01 if run.stable else 1 - 0.03), (run, one.iteration_s)
     assert run.period >= one.lower_bound_s * (1 - 0.01 if run.stable else 1 - 0.03)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(case=sharded_cases(), per_group=st.integers(1, 3), op_spread=st.sampled_from([0.0, 0.05, 0.3]),
+       step_spread=st.sampled_from([0.01, 0.1, 0.3]), seed=st.integers(0, 99))
+def test_no_sharded_period_on_ranks_is_below_the_one_rank_period_or_the_sharded_bound(
+        case, per_group, op_spread, step_spread, seed):
+    """The same for FSDP2's step (its all-gathers and reduce-scatters, HSDP's groups), against the
+    sharded lower bound that cpsat reports."""
+    problem, units, async_unshard = case
+    from schedopt.orders import engine_order
+
+    plan = Plan.for_problem(problem, order=engine_order(problem.graph), units=units, solver=SolverInfo(name="random"),
+                            async_unshard=async_unshard)
+    replicas = problem.cluster.replicas
+    model = RankModel(ranks=replicas * (per_group if replicas <= 8 else 1), op_spread=op_spread,
+                      step_spread=step_spread, seed=seed)
+    one = simulate(problem, plan)
+    run = simulate_ranks(problem, plan, model)
+    floor = 1 - 0.01 if run.stable else 1 - 0.03
+    assert run.period >= one.iteration_s * floor and run.period >= one.lower_bound_s * floor, (run, one.iteration_s)

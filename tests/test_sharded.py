@@ -26,6 +26,7 @@ from schedopt.synthetic import chain, transformer_like
 from schedopt.units import format_size
 
 from .conftest import MS
+from .strategies import sharded_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -275,28 +276,6 @@ def test_measured_shard_costs_apply_only_to_shard_groups_of_the_size_they_were_m
         assert Plan.load(tmp_path / "p.json").cluster.shard_costs is None
     rows = sweep(graph, measured, bandwidths_Bps=[1e8, 1e10], world_sizes=[4], solvers=["fsdp-root"], mode="sharded")
     assert rows[0]["iteration_s"] > rows[1]["iteration_s"]  # each bandwidth's own costs, not the measured ones
-
-
-@st.composite
-def sharded_cases(draw):
-    graph = chain(draw(st.integers(2, 5)), width=draw(st.sampled_from([64, 256, 1024])))
-    layers = [f"layer{i}" for i in range(len(graph.params) // 2)]
-    cuts = sorted(draw(st.sets(st.integers(1, len(layers) - 1), max_size=len(layers) - 1)))
-    groups = [layers[a:b] for a, b in zip([0, *cuts], [*cuts, len(layers)])]
-    from solvers.fsdp import build_units
-
-    units = build_units(graph, groups, reshard=[draw(st.booleans()) for _ in groups],
-                        prefetch_forward=draw(st.integers(0, 3)), prefetch_backward=draw(st.integers(0, 3)))
-    units = [replace(u, reshard_after_forward=False) if u is units[-1] else u for u in units]
-    world = draw(st.sampled_from([2, 8, 64]))
-    cluster = Cluster(world_size=world, replicas=draw(st.sampled_from([r for r in (1, 1, 2, 8, 64) if world % r == 0])),
-                      shard_bandwidth_Bps=draw(st.sampled_from([None, 3e11])),
-                      bandwidth_Bps=draw(st.sampled_from([1e9, 12.5e9, 100e9])),
-                      latency_s=draw(st.sampled_from([0.0, 5e-6, 50e-6])), call_s=draw(st.sampled_from([0.0, 1e-5])),
-                      interference=draw(st.sampled_from([0.0, 0.3])), backend=draw(st.sampled_from(["nccl", "gloo"])),
-                      shard_costs=draw(st.sampled_from([None, {"all-gather": [1e-4, 2e-8], "reduce-scatter": [5e-4, 4e-8]},
-                                                        {"reduce-scatter": [0.0, 1e-7]}])))
-    return Problem(graph=graph, cluster=cluster, mode="sharded"), units, draw(st.booleans())
 
 
 @settings(max_examples=300, deadline=None)
