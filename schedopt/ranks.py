@@ -45,12 +45,14 @@ from .shard_sim import sharded_step_program
 from .simulate import simulate, simulated_period, step_program
 from .steady import Machine, StepProgram
 
-__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "period", "WARMUP_STEPS", "MAX_RANK_STEPS"]
+__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "period", "WARMUP_STEPS", "MAX_RANK_STEPS", "STABLE"]
 
 #: Steps run before the period is measured; steps at most: MAX_RANK_STEPS, or up to 4000 where a step
 #: of every rank has fewer than _CHEAP_STEPS / 4000 positions (one noisy rank needs ~1500 for 1% at 20%).
 WARMUP_STEPS, MAX_RANK_STEPS, _CHEAP_STEPS = 5, 400, 4_000_000
-_MIN_MEASURED, _STABLE = 30, 0.01
+_MIN_MEASURED = 30
+#: a period is stable when its 95% interval is within this share of it
+STABLE = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +282,7 @@ class _Clocks:
         if m >= _MIN_MEASURED:
             mean = self.total / m
             var = max(self.squares - self.total * mean, 0.0) / (m - 1)
-            self.settled = mean > 0 and 1.96 * math.sqrt(var / m) <= _STABLE * mean
+            self.settled = mean > 0 and 1.96 * math.sqrt(var / m) <= STABLE * mean
         return self.settled
 
 

@@ -236,7 +236,8 @@ def test_sharded_cpsat_keeps_the_start_with_the_shortest_period_on_varying_ranks
     problem = Problem(graph=graph, cluster=cluster, mode="sharded", rank_model=model)
     plan = get("cpsat")(problem, time_limit_s=2, seed=0)
     periods = plan.solver.stats["rank_periods_s"]
-    assert len(periods) >= 3 and plan.solver.stats["rank_model"] == model.describe()
+    assert len(periods) >= 2 and plan.solver.stats["rank_model"] == model.describe()
+    assert plan.solver.stats["rank_exhaustive"]  # every start within the budget, or behind on one rank already
     assert period(problem, plan) == pytest.approx(min(periods.values()), rel=1e-6)
     assert "rank_periods_s" not in get("cpsat")(replace(problem, rank_model=None), time_limit_s=2).solver.stats
 
@@ -311,3 +312,28 @@ def test_no_sharded_period_on_ranks_is_below_the_one_rank_period_or_the_sharded_
     run = simulate_ranks(problem, plan, model)
     floor = 1 - 0.01 if run.stable else 1 - 0.03
     assert run.period >= one.iteration_s * floor and run.period >= one.lower_bound_s * floor, (run, one.iteration_s)
+
+
+def test_the_recheck_runs_no_candidate_whose_one_rank_time_is_already_behind(graph):
+    """No period on the ranks is below the one rank's, so a candidate whose one-rank time is at or above
+    the best period found there cannot win: the re-check stops there, and keeps what running every
+    candidate would keep (to the rank model's 1%)."""
+    from schedopt.ranks import STABLE, period
+    from schedopt.solvers.cpsat.recheck import on_ranks
+
+    varying = graph.with_durations({}, meta={"op_spread": 0.3, "step_spread": 0.1})
+    problem = Problem(graph=varying, cluster=Cluster.preset("10gbe", world_size=8), mode="overlap",
+                      rank_model=RankModel.measured(varying, 8))
+    plans = [get(name)(problem) for name in ("pytorch-ddp", "horovod", "mgwfbp", "tictac", "bytescheduler", "caramel")]
+    candidates = [(simulate(problem, p).iteration_s, p) for p in plans[1:]]
+    every = {p.solver.name: period(problem, p) for p in plans}
+    kept = on_ranks(problem, plans[0], candidates, keep=len(candidates))
+    stats = kept.solver.stats
+    assert stats["rank_exhaustive"] and period(problem, kept) <= min(every.values()) * (1 + STABLE)
+    best = min(stats["rank_periods_s"].values())
+    run = {label.partition(":")[2] for label in stats["rank_periods_s"]} - {""}
+    layouts = {(tuple(p.order), tuple(p.buckets)) for p in plans if p.solver.name in run | {"pytorch-ddp"}}
+    for t, p in candidates:  # not run: behind on one rank already, or a layout that was run
+        assert p.solver.name in run or t >= best * (1 + STABLE) or (tuple(p.order), tuple(p.buckets)) in layouts
+    capped = on_ranks(problem, plans[0], candidates, keep=1).solver.stats
+    assert capped["rank_exhaustive"] or len(capped["rank_periods_s"]) == 2

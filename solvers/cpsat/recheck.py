@@ -26,32 +26,42 @@ from typing import Any
 
 from schedopt.plan import Plan
 from schedopt.problem import Problem
-from schedopt.ranks import period
+from schedopt.ranks import STABLE, period
 from schedopt.simulate import simulate
 
 __all__ = ["RECHECKED", "on_ranks"]
 
-#: how many of the best warm starts (by one-rank time, distinct layouts) are re-checked beside cpsat's plan
+#: how many of the best warm starts (by one-rank time, distinct layouts) are re-checked beside cpsat's plan, at most
 RECHECKED = 6
 
 
 def on_ranks(problem: Problem, plan: Plan, candidates: list[tuple[float, Plan]], *,
              keep: int = RECHECKED) -> Plan:
     """The plan among ``plan`` and the ``keep`` best ``candidates`` ((one-rank time, plan) pairs) whose
-    period on ``problem.rank_model`` is shortest (``plan`` on ties), with the re-check in its stats."""
-    pool: list[tuple[float, Plan]] = [(simulate(problem, plan).iteration_s, plan)]
-    seen = {_layout(plan)}
+    period on ``problem.rank_model`` is shortest (``plan`` on ties), with the re-check in its stats.
+
+    The candidates run in order of their one-rank time, and stop where that time is at or above the
+    shortest period found on the ranks (past the rank model's 1% noise): no period on the ranks is
+    shorter than the one rank's (the module docstring), so no later candidate can win.
+    ``stats["rank_exhaustive"]``: the rule stopped it or no candidate was left, not ``keep``."""
+    one_rank_s = simulate(problem, plan).iteration_s
+    scored = [(period(problem, plan), 0, one_rank_s, plan)]
+    seen, exhaustive = {_layout(plan)}, True
     for t, candidate in sorted(candidates, key=lambda tp: tp[0]):
-        if len(pool) > keep:
+        if t >= min(scored)[0] * (1 + STABLE):
             break
-        if (key := _layout(candidate)) not in seen:
-            seen.add(key)
-            pool.append((t, candidate))
-    scored = [(period(problem, p), k, t, p) for k, (t, p) in enumerate(pool)]
+        if (key := _layout(candidate)) in seen:
+            continue
+        if len(scored) > keep:
+            exhaustive = False
+            break
+        seen.add(key)
+        scored.append((period(problem, candidate), len(scored), t, candidate))
     best_period, k, one_rank_s, best = min(scored)
     record: dict[str, Any] = {
         "rank_model": problem.rank_model.describe(), "rank_choice": best.solver.name if k else "cpsat",
         "rank_periods_s": {("cpsat" if i == 0 else f"{i}:{p.solver.name}"): round(r, 9) for r, i, _, p in scored},
+        "rank_exhaustive": exhaustive,
     }
     if plan.solver.bound_s:  # the one-rank bound holds on the ranks too (the module docstring): the kept plan's gap there
         record["rank_gap"] = best_period / plan.solver.bound_s - 1
