@@ -45,7 +45,8 @@ from .shard_sim import sharded_step_program
 from .simulate import simulate, simulated_period, step_program
 from .steady import Machine, StepProgram
 
-__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "period", "WARMUP_STEPS", "MAX_RANK_STEPS", "STABLE"]
+__all__ = ["RankModel", "RankRun", "run_ranks", "simulate_ranks", "period", "WARMUP_STEPS", "MAX_RANK_STEPS", "STABLE",
+           "lognormal_sigma"]
 
 #: Steps run before the period is measured; steps at most: MAX_RANK_STEPS, or up to 4000 where a step
 #: of every rank has fewer than _CHEAP_STEPS / 4000 positions (one noisy rank needs ~1500 for 1% at 20%).
@@ -111,7 +112,7 @@ class RankRun:
     stable: bool
 
 
-def _sigma(cv: float) -> float:
+def lognormal_sigma(cv: float) -> float:
     """The log-normal's sigma for a coefficient of variation."""
     return math.sqrt(math.log1p(cv * cv))
 
@@ -217,7 +218,7 @@ def run_ranks(program: StepProgram, model: RankModel, *, max_steps: int | None =
     n, num_chunks, num_buckets = len(work), len(chunk_time), len(update)
     lag = program.lag or [1] * num_buckets
     rng = np.random.default_rng(model.seed)
-    s_op, s_step = _sigma(model.op_spread), _sigma(model.step_spread)
+    s_op, s_step = lognormal_sigma(model.op_spread), lognormal_sigma(model.step_spread)
     scale = np.asarray(model.rank_scale, float) if model.rank_scale else None
     ranks = _Ranks(model.ranks, groups, program.interference) if groups > 1 else \
         _OneChannel(model.ranks, program.interference)
