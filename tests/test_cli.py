@@ -129,8 +129,10 @@ def test_simulate_on_the_rank_model(tmp_path, graph_file, capsys):
     ranks = data["ranks"]
     assert (ranks["ranks"], ranks["op_spread"], ranks["step_spread"], ranks["seed"]) == (16, 0.05, 0.02, 3)
     assert ranks["period_s"] > data["iteration_s"] and ranks["stable"]  # the slowest of 16 ranks decides
+    assert data["lower_bound_s"] <= ranks["lower_bound_s"] <= ranks["period_s"]  # and bounds it from below
     assert main(["simulate", str(plan), str(graph_file), "--op-spread", "5%"]) == 0
-    assert "ranks      " in capsys.readouterr().out
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ranks      "))
+    assert "; lower bound on the ranks " in line
     assert main(["simulate", str(plan), str(graph_file), "--format", "json"]) == 0
     assert "ranks" not in json.loads(capsys.readouterr().out)
     # a graph whose op times were measured varies as measured, unless told otherwise
@@ -343,14 +345,14 @@ def test_the_plan_line_says_what_the_solver_proved_and_whose_plan_the_ranks_kept
     from schedopt.plan import SolverInfo
 
     stats = {"bound_covers": "plans of at most 8 buckets in the engine's order (the model's)", "rank_choice": "horovod",
-             "rank_gap": 0.1}
+             "rank_period_s": 0.7, "rank_gap": 0.0}
     info = SolverInfo(name="cpsat", status="FEASIBLE", objective_s=0.632, bound_s=0.617, stats=stats)
     assert _proven(info) == ("; cpsat proved 617ms, gap 2.37%, for plans of at most 8 buckets in the engine's order; "
-                             "horovod's plan kept, the fastest on the ranks' varying op times: 679ms, 10.00% above "
-                             "that bound")
+                             "horovod's plan kept, the fastest on the ranks' varying op times: 700ms, 0.00% above "
+                             "the bound there (700ms)")  # the slowest rank's bound, above the one rank's
     assert _proven(SolverInfo(name="cpsat", status="OPTIMAL", objective_s=0.632, bound_s=0.632,
-                              stats={"rank_choice": "cpsat", "rank_gap": 0.05})) == (
-        "; cpsat proved 632ms, gap 0.00%; on the ranks' varying op times: 664ms, 5.00% above that bound")
+                              stats={"rank_choice": "cpsat", "rank_period_s": 0.6636, "rank_gap": 0.05})) == (
+        "; cpsat proved 632ms, gap 0.00%; on the ranks' varying op times: 664ms, 5.00% above the bound there (632ms)")
     assert _proven(SolverInfo(name="cpsat", status="OPTIMAL", objective_s=0.632, bound_s=0.632)) == \
         "; cpsat proved 632ms, gap 0.00%"  # one rank alike: nothing re-checked
     assert _proven(SolverInfo(name="caramel", status="HEURISTIC")) == ""  # no bound, nothing claimed

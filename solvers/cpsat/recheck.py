@@ -15,8 +15,10 @@ ranks; by Jensen's inequality the expected period with op times varying around t
 speeds averaging 1) is at least the period with every rank at the means, which is the one-rank
 simulator's, itself at least the bound. (With interference, compute slowed while the wire is busy,
 the argument does not apply as it stands; the property test in ``tests/test_ranks.py`` finds the same
-there.) So ``stats["rank_gap"]``, the kept plan's period on the ranks over the bound, bounds how far
-it is from the best period on the ranks of the plans the bound covers.
+there.) What one rank cannot see, stragglers, :func:`schedopt.rank_bound.rank_lower_bound` bounds:
+``stats["rank_bound_s"]``, for every plan in the kept plan's op order. ``stats["rank_gap"]``, the kept
+plan's period on the ranks (``stats["rank_period_s"]``) over the larger of the two bounds, bounds how
+far it is from the best period on the ranks of the plans the proven bound covers.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from schedopt.plan import Plan
 from schedopt.problem import Problem
+from schedopt.rank_bound import rank_lower_bound
 from schedopt.ranks import STABLE, period
 from schedopt.simulate import simulate
 
@@ -63,8 +66,10 @@ def on_ranks(problem: Problem, plan: Plan, candidates: list[tuple[float, Plan]],
         "rank_periods_s": {("cpsat" if i == 0 else f"{i}:{p.solver.name}"): round(r, 9) for r, i, _, p in scored},
         "rank_exhaustive": exhaustive,
     }
+    record["rank_period_s"] = best_period
+    record["rank_bound_s"] = rank_lower_bound(problem, best.order, problem.rank_model)
     if plan.solver.bound_s:  # the one-rank bound holds on the ranks too (the module docstring): the kept plan's gap there
-        record["rank_gap"] = best_period / plan.solver.bound_s - 1
+        record["rank_gap"] = best_period / max(plan.solver.bound_s, record["rank_bound_s"]) - 1
     info = replace(plan.solver, objective_s=one_rank_s if k else plan.solver.objective_s,
                    stats={**plan.solver.stats, **record})
     if k and info.status == "OPTIMAL" and info.gap > 1e-9:  # proven for cpsat's plan, not the one kept instead
