@@ -28,7 +28,7 @@ from schedopt.units import format_bandwidth
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kept import SUFFIX, read_kept  # noqa: E402
 from solver_quality import CASES as SOLVER_QUALITY_CASES  # noqa: E402
-from stragglers import build_parser as stragglers_parser, label as spread_label  # noqa: E402
+from stragglers import best_over_bound, build_parser as stragglers_parser, label as spread_label  # noqa: E402
 from testbed import kept_runs, periods_of, rate_Bps, round_ratio  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -370,6 +370,7 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
 
     body = [[solver] + [change(solver, case, i) for case in cases for i in range(len(spreads))] for solver in solvers]
     lines += table(head, body)
+    lines += _bound_table(rows, spreads)
     lines += ["", "Every case:", ""]
     lines += table(["model", "ranks", "mode", "solver", "1 rank"] + [spread_label(s) for s in spreads], [
         [r["model"], str(r["world_size"]), r["mode"], r["solver"]] + [f"{x:.3f}x" for x in r["speedup"]]
@@ -383,6 +384,20 @@ def stragglers_section(name: str = "stragglers.json") -> list[str]:
             + [f"{p / r['periods_s'][0] - 1:+.1%}" for p in r["periods_s"][1:]]
             for r in rows if r["solver"] in (r["baseline"], "cpsat")])
     return lines + ["", f"![speedups](../bench/results/{png})", ""]
+
+
+def _bound_table(rows: list[dict], spreads: list) -> list[str]:
+    """How far each case's best plan is from the lower bound on the ranks (rows that record it)."""
+    cases = list(dict.fromkeys((r["model"], r["world_size"], r["mode"]) for r in rows if "bounds_s" in r))
+    if not cases:
+        return []
+    lines = ["", "The best plan of each case (any solver's) over the lower bound: on one rank the simulator's, on"
+             " the ranks the larger of it and the slowest rank's (`schedopt/rank_bound.py`: what stragglers cost"
+             " every plan). What is left at the wider spreads is the plans' own loss to stragglers, or the bound's"
+             " slack:", ""]
+    return lines + table(["model", "ranks", "mode", "1 rank"] + [spread_label(s) for s in spreads], [
+        [model, str(n), mode] + [f"{best_over_bound(rows, (model, n, mode), i):.3f}x" for i in range(len(spreads) + 1)]
+        for model, n, mode in cases])
 
 
 def _stragglers_args(data: dict) -> list[str]:

@@ -6,7 +6,9 @@ Per model (A100 op costs), world size (8, 64) on 100 GbE and mode (barrier, over
 plans on one rank as today (cpsat warm-started, ``--time-limit`` each); then each plan, and DDP's,
 runs on the rank model (``schedopt.ranks``) at each of ``--spreads``: every op varying per rank and
 step (``OP``, a coefficient of variation), and each rank's whole step as well (``OP/STEP``; seeded).
-A row: the solver's speedup over DDP on one rank and at each spread, and how much it changed. A
+A row: the solver's speedup over DDP on one rank and at each spread, how much it changed, and the
+case's lower bound on one rank and at each spread (``bounds_s``: the larger of the simulator's and the
+slowest rank's, :mod:`schedopt.rank_bound`), so that a straggler loss no plan avoids is told apart. A
 collective waits for the slowest rank, so a plan whose collectives sit on the critical path pays for
 every straggler; one that hides them has slack. Independent per-op variation mostly averages out
 over a step's hundreds of ops; a whole slow step (contention, a slow host) does not.
@@ -38,6 +40,8 @@ from pathlib import Path
 from schedopt import Cluster, Problem
 from schedopt.cluster import PRESETS
 from schedopt.errors import SolverError
+from schedopt.orders import engine_order
+from schedopt.rank_bound import rank_lower_bound
 from schedopt.ranks import RankModel, simulate_ranks
 from schedopt.solvers import get, solvers_for
 
@@ -113,18 +117,22 @@ def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limi
         except SolverError as exc:
             print(f"  {exc}" if str(exc).startswith(name) else f"  {name}: {exc}", file=sys.stderr)
     ranks = problem.cluster.world_size
+    models = [RankModel(ranks=ranks, op_spread=op, step_spread=step, seed=seed) for op, step in spreads]
     periods, took = {}, {}
     for name, plan in plans.items():
         periods[name], took[name] = [plan.predicted.iteration_s], []
-        for op, step in spreads:
+        for model in models:
             started = time.perf_counter()
-            model = RankModel(ranks=ranks, op_spread=op, step_spread=step, seed=seed)
             periods[name].append(simulate_ranks(problem, plan, model).period)
             took[name].append(time.perf_counter() - started)
     baseline = BASELINES.get(problem.mode, "pytorch-ddp")
     base = periods[baseline]
+    # no plan in the engine's order (every plan here) is faster, on one rank and on each spread's ranks
+    one = plans[baseline].predicted.lower_bound_s
+    bounds = [one] + [max(one, rank_lower_bound(problem, engine_order(problem.graph), m)) for m in models]
     return [{"solver": name, "baseline": baseline, "periods_s": p, "speedup": [d / t for d, t in zip(base, p)],
-             "change": [(d / t) / (base[0] / p[0]) - 1 for d, t in zip(base[1:], p[1:])], "rank_model_s": took[name]}
+             "change": [(d / t) / (base[0] / p[0]) - 1 for d, t in zip(base[1:], p[1:])], "rank_model_s": took[name],
+             "bounds_s": bounds}
             for name, p in sorted(periods.items(), key=lambda kv: kv[0] != baseline)]
 
 
@@ -160,13 +168,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cases_of(rows: list[dict], mode: str) -> list[tuple]:
+    """The (model, world size, mode) cases of ``mode`` with bounds (rows before ``bounds_s`` was recorded: none)."""
+    return list(dict.fromkeys((r["model"], r["world_size"], r["mode"]) for r in rows if r["mode"] == mode and "bounds_s" in r))
+
+
+def best_over_bound(rows: list[dict], case: tuple, i: int) -> float:
+    """The case's best period at spread ``i`` (0: one rank) over its lower bound there."""
+    mine = [r for r in rows if (r["model"], r["world_size"], r["mode"]) == case]
+    return min(r["periods_s"][i] for r in mine) / mine[0]["bounds_s"][i]
+
+
 def _planned(rows: list[dict]) -> list[dict]:
     """The rows of every solver but its case's baseline (DDP's rows before the baseline was recorded)."""
     return [r for r in rows if r["solver"] != r.get("baseline", "pytorch-ddp")]
 
 
 def summary(rows: list[dict], spreads: list[tuple[float, float]]) -> None:
-    """Each solver's median change in speedup over its baseline, per mode, spread and world size."""
+    """Each solver's median change in speedup over its baseline, per mode, spread and world size; and how
+    far the best plan of each case is from the bound on the ranks, at most."""
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        if cases := cases_of(rows, mode):
+            worst = [max(best_over_bound(rows, case, i) for case in cases) for i in range(len(spreads) + 1)]
+            print(f"{mode:<12} the best plan over the lower bound, at most: "
+                  + ", ".join(f"{name} {w:.3f}x" for name, w in zip(["1 rank", *map(label, spreads)], worst)))
     for mode in dict.fromkeys(r["mode"] for r in rows):
         mine_all = [r for r in _planned(rows) if r["mode"] == mode]
         for solver in sorted({r["solver"] for r in mine_all}):
