@@ -64,10 +64,9 @@ def on_ranks(problem: Problem, plan: Plan, candidates: list[tuple[float, Plan]],
     record: dict[str, Any] = {
         "rank_model": problem.rank_model.describe(), "rank_choice": best.solver.name if k else "cpsat",
         "rank_periods_s": {("cpsat" if i == 0 else f"{i}:{p.solver.name}"): round(r, 9) for r, i, _, p in scored},
-        "rank_exhaustive": exhaustive,
+        "rank_exhaustive": exhaustive, "rank_period_s": best_period,
+        "rank_bound_s": rank_lower_bound(problem, best.order, problem.rank_model),
     }
-    record["rank_period_s"] = best_period
-    record["rank_bound_s"] = rank_lower_bound(problem, best.order, problem.rank_model)
     if plan.solver.bound_s:  # the one-rank bound holds on the ranks too (the module docstring): the kept plan's gap there
         record["rank_gap"] = best_period / max(plan.solver.bound_s, record["rank_bound_s"]) - 1
     info = replace(plan.solver, objective_s=one_rank_s if k else plan.solver.objective_s,
