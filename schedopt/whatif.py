@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from .cluster import Cluster, calibrate
@@ -35,6 +35,8 @@ from .errors import SchedoptError, SolverError
 from .graph import TrainGraph
 from .plan import Plan, validate
 from .problem import Problem
+from .orders import engine_order
+from .rank_bound import rank_lower_bound
 from .ranks import RankModel, simulate_ranks
 
 __all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated", "measured_step_s",
@@ -52,6 +54,8 @@ class WhatIf:
     cluster: Cluster
     best: dict[str, tuple[str, float]]  # mode -> (solver, predicted step)
     ranks: RankModel = RankModel()
+    #: mode -> no plan of the mode is faster on these ranks (the one-rank bound and the slowest rank's)
+    bounds: dict[str, float] = field(default_factory=dict)
     applied: tuple[str, str, float] | None = None  # the plan the traced run applied: (solver, mode, predicted step)
 
     def to_json(self) -> dict[str, Any]:
@@ -59,8 +63,8 @@ class WhatIf:
         data = {"measured_ddp_s": self.measured_s if ddp_traced else None, "predicted_ddp_s": self.predicted_ddp_s,
                 "prediction_error": prediction_error(self.predicted_ddp_s, self.measured_s) if ddp_traced else None,
                 "cluster": self.cluster.to_json(), "rank_model": self.ranks.to_json(),
-                "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t}
-                         for m, (s, t) in self.best.items()}}
+                "best": {m: {"solver": s, "predicted_s": t, "speedup_vs_ddp": self.predicted_ddp_s / t,
+                             "lower_bound_s": self.bounds.get(m)} for m, (s, t) in self.best.items()}}
         if self.applied is not None:
             solver, mode, t = self.applied
             data["applied"] = {"solver": solver, "mode": mode, "measured_s": self.measured_s, "predicted_s": t,
@@ -80,6 +84,7 @@ class WhatIf:
                      f"{self.predicted_ddp_s * 1e3:.1f} ms) on {self.cluster.describe()}"]
         lines.append(f"  rank model: {self.ranks.describe()}")
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
+                  + (f"; no {mode} plan under {self.bounds[mode] * 1e3:.1f} ms on these ranks" if mode in self.bounds else "")
                   for mode, (solver, t) in self.best.items()]
         return "\n".join(lines)
 
@@ -187,6 +192,7 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
         period = simulate_ranks(applied_problem(applied, graph, cluster), applied, ranks).period
         traced = (applied.solver.name, applied.mode, period)
     best: dict[str, tuple[str, float]] = {}
+    bounds: dict[str, float] = {}
     for mode, name in map(str.split, progress([f"{mode} {name}" for mode in MODES for name in solvers_for(mode)])):
         problem = Problem(graph=graph, cluster=cluster, mode=mode)
         try:
@@ -196,4 +202,7 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
         t = simulate_ranks(problem, plan, ranks).period
         if mode not in best or t < best[mode][1]:
             best[mode] = (name, t)
-    return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks, applied=traced)
+        if mode not in bounds:  # the same for every plan of the mode in the engine's order (the traced one)
+            bounds[mode] = max(plan.predicted.lower_bound_s, rank_lower_bound(problem, engine_order(graph), ranks))
+    return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks, applied=traced,
+                  bounds=bounds)

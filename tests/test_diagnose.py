@@ -269,6 +269,16 @@ def test_the_plan_a_traced_run_applied_is_predicted_in_place_of_its_baseline(tmp
     plain = what_plans_gain(report, graph, cluster, time_limit_s=1, progress=lambda solves: (
         seen.append(x) or x for x in solves))
     assert seen == [f"{mode} {name}" for mode in ("barrier", "overlap", "osp") for name in solvers_for(mode)]
+    # per mode, what no plan beats on the traced ranks: the one-rank bound, or the slowest rank's
+    from schedopt.orders import engine_order
+    from schedopt.rank_bound import rank_lower_bound
+
+    for mode, (_, t) in plain.best.items():
+        problem = Problem(graph=graph, cluster=cluster, mode=mode)
+        one = simulate(problem, get("pytorch-ddp")(problem)).lower_bound_s
+        assert plain.bounds[mode] == max(one, rank_lower_bound(problem, engine_order(graph), plain.ranks))
+        assert plain.bounds[mode] <= t * 1.01 and plain.to_json()["best"][mode]["lower_bound_s"] == plain.bounds[mode]
+        assert f"no {mode} plan under {plain.bounds[mode] * 1e3:.1f} ms on these ranks" in plain.describe()
     result = what_plans_gain(report, graph, cluster, time_limit_s=1, applied=plan)
     assert result.applied == ("caramel", "overlap", simulate_ranks(overlap, plan, result.ranks).period)
     assert (result.measured_s, result.predicted_ddp_s) == (plain.measured_s, plain.predicted_ddp_s)
