@@ -314,6 +314,28 @@ class TrainGraph:
                 best = min(best, total)
         return best, sum(duration[o] for o in union)
 
+    @cached_property
+    def gradient_spans(self) -> dict[str, float]:
+        """Per parameter read in the forward, the summed durations of the ops that every op order runs
+        from its first forward reader (in source order) to the op that finishes its gradient: both, and
+        every op on a path between them. :mod:`schedopt.simulate`'s overlap bound closes a cycle through
+        each."""
+        import networkx as nx
+
+        reader: dict[str, str] = {}
+        for op_id, op in self.ops.items():
+            if op.phase == "forward":
+                for name in op.reads:
+                    reader.setdefault(name, op_id)
+        after = {r: nx.descendants(self.dag, r) for r in set(reader.values())}
+        before = {g: nx.ancestors(self.dag, g) for g in {self.params[n].grad_op for n in reader}}
+        spans = {}
+        for name, r in reader.items():
+            g = self.params[name].grad_op
+            if g in after[r]:
+                spans[name] = sum(self.ops[o].duration_s for o in (after[r] & before[g]) | {r, g})
+        return spans
+
     def ops_in(self, phase: Phase) -> list[str]:
         """Return the ids of the ops of one phase, in source order."""
         return [op_id for op_id, op in self.ops.items() if op.phase == phase]

@@ -2,25 +2,29 @@
 
 The one-rank bounds (the simulator's, cpsat's) hold on the rank model in expectation
 (:mod:`solvers.cpsat.recheck`), but they cannot see stragglers: on 64 ranks whose steps vary by 15%,
-cpsat's plan for ResNet-50 (100 GbE) runs 25.7% above its one-rank period, and its one-rank bound
-says nothing of why. This bound sees them. In the rank model (:mod:`.ranks`) a bucket's collective starts when the last rank has issued it,
-and the next step's first reader of the bucket waits for it to end. So for a parameter ``p``, let
-``E(n)`` be when the last rank ends ``p``'s gradient op in step ``n``. Whatever bucket holds ``p``:
+cpsat's plan for ResNet-50 (100 GbE) runs 25.7% above its one-rank period, and its one-rank bound says
+nothing of why. This bound sees them. In the rank model (:mod:`.ranks`) a bucket's collective starts
+when the last rank has issued it, and the next step's first reader of the bucket waits for it to end.
+So for a parameter ``p``, let ``E(n)`` be when the last rank ends ``p``'s gradient op in step ``n``.
+Whatever bucket holds ``p``:
 
-- ``overlap``: the bucket settles at or before ``p``'s first reader in step ``n + 1`` (``n + 2`` for
-  osp's stage 2, so osp counts two steps), after its collective (at least the cluster's fixed cost),
-  and every rank then runs the ops from that reader to ``p``'s gradient op before the bucket is issued
-  again: ``E(n + 1) >= E(n) + fixed + max over ranks of that rank's time for those ops``;
-- ``barrier``, and a sharded step's reduce-scatters: everything settles before the optimizer, so the
-  cycle runs the optimizer, then the next step's ops up to ``p``'s gradient op (two steps' draws).
+- ``overlap``: every chunk holding part of ``p`` is issued after ``E(n)``, so ``p``'s bytes cross
+  after it (at least ``allreduce_s(p's bytes)``: the cost is affine, so splitting them costs more);
+  the bucket settles at or before ``p``'s first reader in step ``n + 1`` (``n + 2`` for osp's stage 2,
+  so osp counts two steps), and every rank then runs the ops from that reader to ``p``'s gradient op
+  before ``E(n + 1)``;
+- ``barrier``: the gradients finished at or after ``p``'s all cross after ``E(n)`` and everything
+  settles before the optimizer, which every rank then runs, and the next step's ops up to ``p``'s
+  gradient op; a sharded step's reduce-scatters alike (their cost left out).
 
-Each rank's time for a run of ops is at least its step factor (per rank and step) times its speed times
-the ops' mean work: the per-op variation averages out inside the maximum by Jensen's inequality, so
-leaving it out keeps the bound. The expected maximum over the ranks is estimated on ``samples`` draws
-of the rank model's step factors (seeded; fewer past 500 ranks), less two standard errors. The period
-is at least the largest such cycle over the parameters; for a run of ops from the step's start or a
-reader, the latest gradient op (barrier) or the widest span (overlap) is the largest. With HSDP's shard
-groups the maximum is taken within a group (a sharded step's gathers synchronize a group only).
+Each rank's time for a run of ops is at least its step factor (per rank and step) times its speed
+times the ops' mean work: the per-op variation averages out inside the maximum by Jensen's inequality,
+so leaving it out keeps the bound. So the expected cycle is at least the transfer plus the expected
+largest step factor over the ranks times the run's work (plus, in barrier, the optimizer at the
+fastest rank's speed: its step's factor is independent of the next one's). That expected maximum is
+estimated on ``samples`` seeded draws (fewer past 1000 ranks) less two standard errors; the bound is
+the largest cycle over the parameters. With HSDP's shard groups the maximum is taken within a group
+(a sharded step's gathers synchronize a group only).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from .errors import UnitError
+from .graph import TrainGraph
 from .problem import Problem
 from .ranks import RankModel, lognormal_sigma
 
@@ -48,45 +53,50 @@ def rank_lower_bound(problem: Problem, order: Sequence[str], model: RankModel, *
     ops = [o for o in order if graph.ops[o].phase != "optimizer"]
     position = {o: j for j, o in enumerate(ops)}
     prefix = np.concatenate([[0.0], np.cumsum([graph.ops[o].duration_s for o in ops])])
+    grad = {name: position[p.grad_op] for name, p in graph.params.items() if p.grad_op in position}
+    if not grad:
+        return 0.0
+    groups = cluster.replicas if problem.mode == "sharded" and model.ranks > 1 else 1
+    if model.ranks % groups:
+        raise UnitError(f"{model.ranks} ranks do not split into the cluster's {groups} replicas")
+    slowest = _slowest(model, groups, max(32, min(samples, _MAX_DRAWS // model.ranks)))
+    if problem.mode in ("barrier", "sharded"):  # every gradient from g on crosses, the optimizer runs, then 0..g
+        wire = cluster.allreduce_s if problem.mode == "barrier" else (lambda nbytes: 0.0)
+        after = _bytes_from(grad, graph)
+        least_speed = min(model.rank_scale or (1.0,))
+        return max(wire(after[g]) + slowest * prefix[g + 1] for g in after) + least_speed * graph.totals.optimizer_s
     first_read: dict[str, int] = {}
     for j, o in enumerate(ops):
         for name in graph.ops[o].reads:
             first_read.setdefault(name, j)
-    grads = [position[p.grad_op] for p in graph.params.values() if p.grad_op in position]
-    if not grads:
-        return 0.0
-    sharded = problem.mode == "sharded"
-    groups = cluster.replicas if sharded and model.ranks > 1 else 1
-    if model.ranks % groups:
-        raise UnitError(f"{model.ranks} ranks do not split into the cluster's {groups} replicas")
-    factors = _step_factors(model, groups, max(32, min(samples, _MAX_DRAWS // (2 * model.ranks))))
-    if problem.mode in ("barrier", "sharded"):  # the optimizer, then the next step up to the latest gradient
-        parts, steps = [graph.totals.optimizer_s, prefix[max(grads) + 1]], 1
-    else:
-        spans = [prefix[position[p.grad_op] + 1] - prefix[first_read[name]] for name, p in graph.params.items()
-                 if name in first_read and p.grad_op in position and first_read[name] <= position[p.grad_op]]
-        if not spans:
-            return 0.0
-        parts, steps = [max(spans)], 2 if problem.mode == "osp" else 1
-    fixed = 0.0 if sharded else cluster.allreduce_s(0.0)
-    cycle = max(_expected_max(f[:, :len(parts)], parts) for f in factors)
-    return (fixed + cycle) / steps
+    cycles = [cluster.allreduce_s(graph.params[name].nbytes) + slowest * (prefix[g + 1] - prefix[first_read[name]])
+              for name, g in grad.items() if first_read.get(name, g + 1) <= g]
+    return max(cycles, default=0.0) / (2 if problem.mode == "osp" else 1)
 
 
-def _step_factors(model: RankModel, groups: int, samples: int) -> list[np.ndarray]:
-    """Per group of ranks, ``samples`` draws of two steps' factors ``(samples, 2, ranks of the group)``:
-    the step factor (log-normal, mean 1) times each rank's speed."""
+def _bytes_from(grad: dict[str, int], graph: TrainGraph) -> dict[int, float]:
+    """Per position that finishes a gradient, the bytes of every gradient finished there or later."""
+    at: dict[int, float] = {}
+    for name, g in grad.items():
+        at[g] = at.get(g, 0.0) + graph.params[name].nbytes
+    total, after = 0.0, {}
+    for g in sorted(at, reverse=True):
+        total += at[g]
+        after[g] = total
+    return after
+
+
+def _slowest(model: RankModel, groups: int, samples: int) -> float:
+    """The expected largest step factor (log-normal, mean 1) times speed over the ranks of a group, the
+    largest over the groups, each estimated on ``samples`` seeded draws less two standard errors."""
     rng = np.random.default_rng(model.seed)
     sigma = lognormal_sigma(model.step_spread)
-    draws = np.exp(sigma * rng.standard_normal((samples, 2, model.ranks)) - sigma * sigma / 2)
+    draws = np.exp(sigma * rng.standard_normal((samples, model.ranks)) - sigma * sigma / 2)
     if model.rank_scale:
         draws *= np.asarray(model.rank_scale, float)
-    return np.split(draws, groups, axis=2)
-
-
-def _expected_max(factors: np.ndarray, parts: Sequence[float]) -> float:
-    """The expected largest ``sum_t factors[t] * parts[t]`` over the ranks, less two standard errors."""
-    totals = np.einsum("stk,t->sk", factors, np.asarray(parts, float)).max(axis=1)
-    if len(totals) < 2:
-        return float(totals.mean())
-    return max(0.0, float(totals.mean() - 2 * totals.std(ddof=1) / math.sqrt(len(totals))))
+    best = 0.0
+    for group in np.split(draws, groups, axis=1):
+        top = group.max(axis=1)
+        spread = 2 * top.std(ddof=1) / math.sqrt(samples) if samples > 1 else 0.0
+        best = max(best, float(top.mean()) - spread)
+    return best

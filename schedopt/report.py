@@ -95,15 +95,15 @@ def comparison_json(problem: Problem, rows: Sequence[dict[str, Any]]) -> dict[st
 
 
 def perfect_overlap_s(problem: Problem) -> float:
-    """``max(compute, comm)`` of ``problem``'s graph on its cluster: the overlap-mode lower bound without
-    interference (with it, ``lower_bound_s`` is higher: compute beside the wire runs slower)."""
-    from dataclasses import replace
-
-    from .simulate import lower_bound
-
+    """``max(compute, comm)`` of ``problem``'s graph on its cluster (the optimizer counted as compute, every
+    byte in one all-reduce): the physical limit, below every lower bound of the simulator (with
+    interference compute beside the wire runs slower; each gradient's cycle adds its transfer)."""
     replicated = _replicated(problem)  # a sharded problem's graph and cluster, replicated
-    quiet = replace(replicated.cluster, interference=0.0)
-    return lower_bound(replace(replicated, cluster=quiet, mode="overlap"))
+    graph, cluster = replicated.graph, replicated.cluster
+    compute = graph.totals.forward_s + graph.totals.backward_s + graph.totals.optimizer_s
+    if not graph.params or cluster.world_size == 1:
+        return compute
+    return max(compute, cluster.allreduce_s(graph.total_param_bytes))
 
 
 def ddp_iteration_s(problem: Problem, ddp_plan: Plan) -> float:

@@ -32,7 +32,11 @@ Lower bound, valid for every order and bucketing (``Problem`` only):
   non-negative intercept makes every split dearer); (c) ``anc_all + min_p
   c(p)``: every ancestor of every gradient runs before the last gradient
   exists, after which at least that parameter's bytes cross the network.
-- ``overlap``, per step: ``max(T_fwd + T_bwd + T_opt, C_all)``.
+- ``overlap``, per step: ``max(T_fwd + T_bwd + T_opt, C_all)``, and each parameter's cycle: its
+  bytes cross after its gradient op ends (at least ``c(p)``, in however many chunks), its bucket
+  settles before its first forward reader of the next step, and the ops from that reader to its
+  gradient op run again before the next crossing (those on a path between the two, in any order:
+  :attr:`.TrainGraph.gradient_spans`). ``osp``: half of it (a stage-2 bucket waits two steps).
 - With interference f > 0, the compute that can overlap the wire costs more:
   :func:`.steady.least_span` replaces ``max(compute, C_all)`` by
   ``max(C_all, compute + f min(C_all/(1+f), compute))`` (overlap: compute with
@@ -197,8 +201,10 @@ def lower_bound(problem: Problem) -> float:
     if not graph.params or cluster.world_size == 1:
         return compute + totals.optimizer_s
     c_all, f = cluster.allreduce_s(graph.total_param_bytes), cluster.effective_interference
-    if problem.deferred:  # overlap and osp: every byte crosses the channel once per period
-        return least_span(compute + totals.optimizer_s, c_all, f)
+    if problem.deferred:  # overlap and osp: every byte crosses the channel once per period; and the cycles
+        cycles = [cluster.allreduce_s(graph.params[name].nbytes) + span for name, span in graph.gradient_spans.items()]
+        lag = 2 if problem.mode == "osp" else 1
+        return max(least_span(compute + totals.optimizer_s, c_all, f), max(cycles, default=0.0) / lag)
     first, union = graph.gradient_ancestor_s
     c_min = min(cluster.allreduce_s(p.nbytes) for p in graph.params.values())
     return totals.optimizer_s + max(least_span(compute, c_all, f, idle=first), union + c_min)

@@ -54,12 +54,14 @@ def test_chain3_overlap_two_buckets(chain3, two_ranks):
     step 1 (from 6): fwd reads both: update0 6-6.167; wait for bucket1 until 9; update1 9-9.333;
             fwd 9.333-10.333, b2 -12.333, b1 -15.333
     The cycle: w1 ready -> 3 ms transfer -> 1/3 update -> fwd 1 -> b2 2 -> b1 3 = 9.333 ms per step.
-    lower bound (overlap): max(T_fwd + T_bwd + T_opt = 6.5, C_all = 4) = 6.5 ms; exposed 2.833 ms.
+    lower bound (overlap): max(T_fwd + T_bwd + T_opt = 6.5, C_all = 4, and w1's cycle, which every
+    plan closes: c(w1) = 3 ms, then fwd to b1, 6 ms) = 9 ms; exposed 2.833 ms.
     """
     problem = Problem(execution="compiled", graph=chain3, cluster=two_ranks, mode="overlap")
     t = simulate(problem, make_plan(problem, ["fwd", "b2", "b1", "opt"], [["w2"], ["w1"]]))
     assert t.iteration_s == pytest.approx((9 + 1 / 3) * MS)
-    assert t.lower_bound_s == pytest.approx(6.5 * MS)
+    assert t.lower_bound_s == pytest.approx(9 * MS)
+    assert lower_bound(replace(problem, mode="osp")) == pytest.approx(6.5 * MS)  # a stage-2 cycle takes two steps
     assert t.exposed_comm_s == pytest.approx((9 + 1 / 3 - 6.5) * MS)
     step1 = [(e.name, e.start_s, e.end_s) for e in t.events if e.step == 1 and e.track == "compute"]
     assert step1 == [
@@ -206,8 +208,8 @@ def test_the_lower_bound_counts_the_compute_slowed_beside_the_wire(chain3, two_r
 
     barrier, f = 3 (idle: b2's ancestors, 3 ms, run before any collective; C_all 4 ms):
     0.5 + max(3 + 4, 6 + 3 min(1, 3), union 6 + c(w2) 2) = 9.5 ms (8.5 without); the plans take 11 and 10.5.
-    overlap, f = 1: max(4, 6.5 + min(2, 6.5)) = 8.5 ms (6.5 without); the plan takes 31/3.
-    ``perfect_overlap_s`` stays max(compute, comm) = 6.5 ms.
+    overlap, f = 3: max(4, 6.5 + 3 min(1, 6.5)) = 9.5 ms, above w1's cycle (9 ms, the bound without
+    interference); the plan takes 32.5/3. ``perfect_overlap_s`` stays max(compute, comm) = 6.5 ms.
     """
     barrier = Problem(execution="compiled", graph=chain3, cluster=replace(two_ranks, interference=3.0), mode="barrier")
     assert lower_bound(barrier) == pytest.approx(9.5 * MS)
@@ -217,7 +219,8 @@ def test_the_lower_bound_counts_the_compute_slowed_beside_the_wire(chain3, two_r
     one = simulate(barrier, make_plan(barrier, order, [["w2", "w1"]]))
     assert (two.iteration_s, one.iteration_s) == (pytest.approx(11 * MS), pytest.approx(10.5 * MS))
     assert two.lower_bound_s == pytest.approx(9.5 * MS)
-    overlap = Problem(execution="compiled", graph=chain3, cluster=replace(two_ranks, interference=1.0), mode="overlap")
-    assert lower_bound(overlap) == pytest.approx(8.5 * MS)
-    assert simulate(overlap, make_plan(overlap, order, [["w2"], ["w1"]])).iteration_s == pytest.approx(31 * MS / 3)
+    overlap = Problem(execution="compiled", graph=chain3, cluster=replace(two_ranks, interference=3.0), mode="overlap")
+    assert lower_bound(overlap) == pytest.approx(9.5 * MS)
+    assert lower_bound(replace(overlap, cluster=two_ranks)) == pytest.approx(9 * MS)
+    assert simulate(overlap, make_plan(overlap, order, [["w2"], ["w1"]])).iteration_s == pytest.approx(32.5 * MS / 3)
     assert perfect_overlap_s(overlap) == pytest.approx(6.5 * MS)
