@@ -160,3 +160,17 @@ def test_a_train_graph_is_immutable_so_its_cached_totals_stay_true():
         totals.forward_s = 0.0
     copy = pickle.loads(pickle.dumps(graph))  # the forked searches receive graphs by pickle
     assert copy.fingerprint == graph.fingerprint and copy.totals == totals
+
+
+def test_a_gradient_span_holds_the_ops_every_order_runs_between_reader_and_gradient():
+    """w is read by ``fwd`` and finished by ``gw``; ``side`` (a branch off the input, joining at the
+    loss) runs before or after ``fwd`` as an order likes, so it is not in w's span: fwd 1 + loss 2 +
+    gw 4 = 7 ms. v, read by ``side`` and finished by ``gv``: side 8 + loss 2 + gv 16 = 26 ms."""
+    graph = TrainGraph(
+        name="branch",
+        ops=[op("fwd", "forward", 1, reads=["w"]), op("side", "forward", 8, reads=["v"]),
+             op("loss", "forward", 2), op("gw", "backward", 4, grads=["w"]), op("gv", "backward", 16, grads=["v"]),
+             op("opt", "optimizer", 0.5, reads=["w", "v"])],
+        edges=[("fwd", "loss"), ("side", "loss"), ("loss", "gw"), ("loss", "gv"), ("gw", "opt"), ("gv", "opt")],
+        params=[param("w", 4, "gw"), param("v", 4, "gv")])
+    assert graph.gradient_spans == pytest.approx({"w": 7e-3, "v": 26e-3})
