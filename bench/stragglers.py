@@ -128,8 +128,8 @@ def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limi
     baseline = BASELINES.get(problem.mode, "pytorch-ddp")
     base = periods[baseline]
     # no plan in the engine's order (every plan here) is faster, on one rank and on each spread's ranks
-    one = plans[baseline].predicted.lower_bound_s
-    bounds = [one] + [max(one, rank_lower_bound(problem, engine_order(problem.graph), m)) for m in models]
+    one, order = plans[baseline].predicted.lower_bound_s, engine_order(problem.graph)
+    bounds = [max(one, rank_lower_bound(problem, order, m)) for m in [RankModel(ranks=ranks), *models]]
     return [{"solver": name, "baseline": baseline, "periods_s": p, "speedup": [d / t for d, t in zip(base, p)],
              "change": [(d / t) / (base[0] / p[0]) - 1 for d, t in zip(base[1:], p[1:])], "rank_model_s": took[name],
              "bounds_s": bounds}

@@ -336,6 +336,24 @@ class TrainGraph:
                 spans[name] = sum(self.ops[o].duration_s for o in (after[r] & before[g]) | {r, g})
         return spans
 
+    @cached_property
+    def gradient_tails(self) -> dict[str, tuple[float, int]]:
+        """Per op that finishes a gradient: (the summed durations of it and its ancestors, which every op
+        order runs before it; the bytes of every gradient it or one of its descendants finishes, which
+        every order finishes after it). :mod:`schedopt.simulate`'s barrier bound closes a cycle through
+        each."""
+        import networkx as nx
+
+        finished: dict[str, int] = {}
+        for p in self.params.values():
+            finished[p.grad_op] = finished.get(p.grad_op, 0) + p.nbytes
+        tails = {}
+        for g in finished:
+            before, after = nx.ancestors(self.dag, g), nx.descendants(self.dag, g)
+            tails[g] = (sum(self.ops[o].duration_s for o in before | {g}),
+                        sum(n for o, n in finished.items() if o == g or o in after))
+        return tails
+
     def ops_in(self, phase: Phase) -> list[str]:
         """Return the ids of the ops of one phase, in source order."""
         return [op_id for op_id, op in self.ops.items() if op.phase == phase]

@@ -31,7 +31,9 @@ Lower bound, valid for every order and bucketing (``Problem`` only):
   first) and ``C_all`` is one all-reduce of every byte (an affine cost with a
   non-negative intercept makes every split dearer); (c) ``anc_all + min_p
   c(p)``: every ancestor of every gradient runs before the last gradient
-  exists, after which at least that parameter's bytes cross the network.
+  exists, after which at least that parameter's bytes cross the network; and
+  per gradient-finishing op g, ``anc(g)`` plus one all-reduce of the bytes
+  that g and its descendants finish (:attr:`.TrainGraph.gradient_tails`).
 - ``overlap``, per step: ``max(T_fwd + T_bwd + T_opt, C_all)``, and each parameter's cycle: its
   bytes cross after its gradient op ends (at least ``c(p)``, in however many chunks), its bucket
   settles before its first forward reader of the next step, and the ops from that reader to its
@@ -207,7 +209,8 @@ def lower_bound(problem: Problem) -> float:
         return max(least_span(compute + totals.optimizer_s, c_all, f), max(cycles, default=0.0) / lag)
     first, union = graph.gradient_ancestor_s
     c_min = min(cluster.allreduce_s(p.nbytes) for p in graph.params.values())
-    return totals.optimizer_s + max(least_span(compute, c_all, f, idle=first), union + c_min)
+    tail = max(work + cluster.allreduce_s(nbytes) for work, nbytes in graph.gradient_tails.values())
+    return totals.optimizer_s + max(least_span(compute, c_all, f, idle=first), union + c_min, tail)
 
 
 def simulate(problem: Problem, plan: Plan) -> Timeline:
