@@ -274,7 +274,7 @@ def test_the_stragglers_bench_measures_sharded_solvers_against_fsdp2_per_block(g
 
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=problems_and_plans(max_ops=10, interference=True), ranks=st.integers(2, 6),
        op_spread=st.sampled_from([0.0, 0.01, 0.05, 0.3]), step_spread=st.sampled_from([0.0, 0.01, 0.1, 0.3]),
        speeds=st.lists(st.floats(0.5, 2.0), min_size=6, max_size=6), seed=st.integers(0, 99))
@@ -297,7 +297,7 @@ def test_no_rank_model_period_is_below_the_one_rank_period_so_the_bound_holds_on
     assert run.period >= rank_lower_bound(problem, plan.order, model) * floor  # the slowest rank's own bound
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=sharded_cases(), per_group=st.integers(1, 3), op_spread=st.sampled_from([0.0, 0.05, 0.3]),
        step_spread=st.sampled_from([0.01, 0.1, 0.3]), seed=st.integers(0, 99))
 def test_no_sharded_period_on_ranks_is_below_the_one_rank_period_or_the_sharded_bound(
