@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from schedopt import simulate
 from schedopt.simulate import simulated_period, update_costs
@@ -89,3 +90,15 @@ def test_bucket_first_order_is_never_slower(case):
         cost = update_costs(problem.graph)
         moved = sum(cost[n] for b in plan.buckets if b.chunks > 1 for n in b.params)
     assert after <= before * (1 + 1e-9) + 1e-15 + moved
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems_and_plans(interference=True), st.lists(st.sampled_from([1, 2]), min_size=64, max_size=64))
+def test_the_osp_lower_bound_never_exceeds_a_plan_with_stage_2_buckets(case, stages):
+    """osp: each gradient's cycle counts half (a stage-2 bucket waits two steps), whichever buckets are."""
+    problem, plan = case
+    osp = replace(problem, mode="osp", max_stale_fraction=1.0)
+    staged = replace(plan, mode="osp", predicted=None,
+                     buckets=tuple(replace(b, stage=s) for b, s in zip(plan.buckets, stages)))
+    t = simulate(osp, staged)
+    assert t.lower_bound_s <= t.iteration_s * (1 + 1e-9) + 1e-15
