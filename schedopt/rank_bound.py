@@ -35,9 +35,9 @@ from typing import Sequence
 import numpy as np
 
 from .errors import UnitError
-from .graph import TrainGraph
 from .problem import Problem
 from .ranks import RankModel, lognormal_sigma
+from .shard_sim import running_bytes
 
 __all__ = ["rank_lower_bound"]
 
@@ -62,7 +62,7 @@ def rank_lower_bound(problem: Problem, order: Sequence[str], model: RankModel, *
     slowest = _slowest(model, groups, max(32, min(samples, _MAX_DRAWS // model.ranks)))
     if problem.mode in ("barrier", "sharded"):  # every gradient from g on crosses, the optimizer runs, then 0..g
         wire = cluster.allreduce_s if problem.mode == "barrier" else (lambda nbytes: 0.0)
-        after = _bytes_from(grad, graph)
+        after = dict(running_bytes(grad, {name: graph.params[name].nbytes for name in grad}, reverse=True))
         least_speed = min(model.rank_scale or (1.0,))
         return max(wire(after[g]) + slowest * prefix[g + 1] for g in after) + least_speed * graph.totals.optimizer_s
     first_read: dict[str, int] = {}
@@ -72,18 +72,6 @@ def rank_lower_bound(problem: Problem, order: Sequence[str], model: RankModel, *
     cycles = [cluster.allreduce_s(graph.params[name].nbytes) + slowest * (prefix[g + 1] - prefix[first_read[name]])
               for name, g in grad.items() if first_read.get(name, g + 1) <= g]
     return max(cycles, default=0.0) / (2 if problem.mode == "osp" else 1)
-
-
-def _bytes_from(grad: dict[str, int], graph: TrainGraph) -> dict[int, float]:
-    """Per position that finishes a gradient, the bytes of every gradient finished there or later."""
-    at: dict[int, float] = {}
-    for name, g in grad.items():
-        at[g] = at.get(g, 0.0) + graph.params[name].nbytes
-    total, after = 0.0, {}
-    for g in sorted(at, reverse=True):
-        total += at[g]
-        after[g] = total
-    return after
 
 
 def _slowest(model: RankModel, groups: int, samples: int) -> float:

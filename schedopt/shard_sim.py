@@ -49,7 +49,7 @@ from .sharding import Geometry
 from .steady import Machine, StepProgram, least_span
 
 __all__ = ["ShardedStep", "collective_costs", "run_sharded_step", "sharded_step_program", "peak_memory",
-           "sharded_lower_bound", "memory_floor", "regathered_bytes", "fewest_units"]
+           "sharded_lower_bound", "memory_floor", "regathered_bytes", "fewest_units", "running_bytes"]
 
 AG, AG_B, RS = "all-gather", "all-gather (backward)", "reduce-scatter"
 
@@ -289,8 +289,8 @@ def _lower_bound(problem: Problem) -> float:
     nbytes = {p: graph.params[p].nbytes for p in graph.params}
     gather, scatter = collective_costs(cluster)
     after = list(accumulate(reversed(durations), initial=0.0))[::-1]  # after[j]: compute from op j on
-    reads = [(b, after[j] - after[backward]) for j, b in _running_bytes(first_read, nbytes)]
-    grads = [(b, after[backward] - after[k + 1]) for k, b in _running_bytes(last_grad, nbytes, reverse=True)]
+    reads = [(b, after[j] - after[backward]) for j, b in running_bytes(first_read, nbytes)]
+    grads = [(b, after[backward] - after[k + 1]) for k, b in running_bytes(last_grad, nbytes, reverse=True)]
     forward, backward_s = least_runs(gather, reads), least_runs(scatter, grads)
     joint = _joint_bounds(first_read, last_grad, nbytes, after, backward, gather, scatter)
     both = first_read and last_grad  # D: from the last first read to the first last gradient
@@ -480,7 +480,7 @@ def _most_held(spare: list[float], gaps: list[tuple[int, int, float]]) -> float:
     return held
 
 
-def _running_bytes(position: dict[str, int], nbytes: dict[str, float], *, reverse: bool = False):
+def running_bytes(position: dict[str, int], nbytes: dict[str, float], *, reverse: bool = False):
     """(position, bytes of the parameters at that position or before it; after it with ``reverse``)."""
     at: dict[int, float] = {}
     for name, j in position.items():
