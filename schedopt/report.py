@@ -39,12 +39,17 @@ one object per solver. The keys of a row are stable; scripts parse them:
                           ``fsdp-per-block`` plan within the same budget,
                           torchtitan's layout) / this one; null in the other
                           modes and where that layout does not fit the budget
+``period_lower_bound_s``  no plan in this plan's op order has a shorter
+                          expected period on the rank model: the larger of
+                          ``lower_bound_s`` and the slowest rank's bound
+                          (:mod:`.rank_bound`); null without a rank model
 ========================  =====================================================
 
-Schema ``schedopt.compare/5`` added ``speedup_vs_fsdp`` to ``/4``'s. Schema ``/4`` added ``period_s`` to ``/3``'s. Schema ``/3`` added ``peak_memory_bytes``, ``num_units`` and, in sharded
-rows without a plan, ``error`` to ``/2``'s. Schema ``/2`` added the last two keys to ``/1``'s, and
-measures the speedup in ``overlap`` mode against DDP as it runs (``/1``:
-against DDP's buckets in overlap mode).
+Schema ``schedopt.compare/6`` added ``period_lower_bound_s`` to ``/5``'s. Schema ``schedopt.compare/5``
+added ``speedup_vs_fsdp`` to ``/4``'s. Schema ``/4`` added ``period_s`` to ``/3``'s. Schema ``/3``
+added ``peak_memory_bytes``, ``num_units`` and, in sharded rows without a plan, ``error`` to ``/2``'s.
+Schema ``/2`` added the last two keys to ``/1``'s, and measures the speedup in ``overlap`` mode against
+DDP as it runs (``/1``: against DDP's buckets in overlap mode).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from .problem import DEFAULT_MAX_STALE_FRACTION, Problem
 __all__ = ["COLUMNS", "COMPARE_SCHEMA", "SWEEP_COLUMNS", "compare", "comparison_json", "comparison_row", "sweep",
            "format_table", "format_csv", "perfect_overlap_s"]
 
-COMPARE_SCHEMA = "schedopt.compare/5"
+COMPARE_SCHEMA = "schedopt.compare/6"
 
 COLUMNS: tuple[str, ...] = (
     "solver",
@@ -81,6 +86,7 @@ COLUMNS: tuple[str, ...] = (
     "headroom_share",
     "period_s",
     "speedup_vs_fsdp",
+    "period_lower_bound_s",
 )
 
 BASELINE = "pytorch-ddp"
@@ -133,9 +139,10 @@ def ddp_timeline(problem: Problem, ddp_plan: Plan):
 
 
 def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | None = None,
-                   period_s: float | None = None, fsdp_s: float | None = None) -> dict[str, Any]:
+                   period_s: float | None = None, fsdp_s: float | None = None,
+                   period_bound_s: float | None = None) -> dict[str, Any]:
     """Return the comparison row of one solver's plan (its prediction must be set); ``fsdp_s``: FSDP2 per
-    block's iteration, in sharded mode."""
+    block's iteration, in sharded mode; ``period_s`` and ``period_bound_s``: on the rank model."""
     predicted = plan.predicted
     assert predicted is not None, "plans from the registry carry a prediction"
     iteration = predicted.iteration_s
@@ -160,6 +167,7 @@ def comparison_row(plan: Plan, *, baseline_s: float | None, perfect_s: float | N
         if baseline_s is not None and perfect_s is not None and baseline_s - perfect_s > 1e-12 * baseline_s else None,
         "period_s": period_s,
         "speedup_vs_fsdp": fsdp_s / iteration if fsdp_s and iteration > 0 else None,
+        "period_lower_bound_s": period_bound_s,
     }
 
 
@@ -181,7 +189,6 @@ def compare(
     solver with no plan within the memory budget gets a row with ``error`` and null times.
     """
     from .errors import OverBudgetError
-    from .ranks import period
     from .solvers import get  # the core reaches solvers only through their public entry point
 
     runners = {name: get(name) for name in solvers}  # unknown names fail before any work
@@ -201,11 +208,21 @@ def compare(
                                BASELINE in runners else ddp)
     perfect = perfect_overlap_s(problem)
     fsdp = _fsdp_iteration_s(problem, plans, failed, seed) if problem.mode == "sharded" else None
-    ranks = problem.rank_model is not None
     return [comparison_row(plans[name], baseline_s=baseline, perfect_s=perfect, fsdp_s=fsdp,
-                           period_s=period(problem, plans[name]) if ranks else None) if name in plans else
+                           **_on_ranks(problem, plans[name])) if name in plans else
             {**dict.fromkeys(COLUMNS), "solver": name, "status": "OVER_BUDGET", "error": failed[name]}
             for name in solvers]
+
+
+def _on_ranks(problem: Problem, plan: Plan) -> dict[str, float | None]:
+    """``plan``'s period on ``problem``'s rank model and the bound on it for its op order (None without one)."""
+    from .rank_bound import rank_lower_bound
+    from .ranks import period
+
+    if problem.rank_model is None:
+        return {"period_s": None, "period_bound_s": None}
+    bound = rank_lower_bound(problem, plan.order, problem.rank_model)
+    return {"period_s": period(problem, plan), "period_bound_s": max(plan.predicted.lower_bound_s, bound)}
 
 
 def _fsdp_iteration_s(problem: Problem, plans: dict[str, Plan], failed: dict[str, str], seed: int) -> float | None:

@@ -74,13 +74,13 @@ def test_plan_simulate_inspect_compare(tmp_path, graph_file, capsys):
     assert main(["compare", str(graph_file), "--solvers", "all", "--format", "json", "--out", str(out_dir)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result) == {"schema", "model", "cluster", "mode", "execution", "rows"}
-    assert result["schema"] == "schedopt.compare/5" and result["mode"] == "barrier" and result["execution"] == "eager"
+    assert result["schema"] == "schedopt.compare/6" and result["mode"] == "barrier" and result["execution"] == "eager"
     rows = result["rows"]
     # the documented, stable keys of a row (schedopt/report.py): scripts parse them
     assert all(list(row) == ["solver", "status", "iteration_s", "peak_memory_bytes", "lower_bound_s", "bound_s",
                              "gap", "gap_to_lower_bound", "exposed_comm_s", "comm_s", "compute_s", "num_buckets",
                              "num_units", "solve_time_s", "speedup_vs_ddp", "perfect_overlap_s", "headroom_share",
-                             "period_s", "speedup_vs_fsdp"]
+                             "period_s", "speedup_vs_fsdp", "period_lower_bound_s"]
                for row in rows)
     assert json.loads((out_dir / "compare.json").read_text())["rows"] == rows
     ddp = next(r for r in rows if r["solver"] == "pytorch-ddp")
@@ -147,8 +147,10 @@ def test_simulate_on_the_rank_model(tmp_path, graph_file, capsys):
     assert main(["compare", str(measured), "--solvers", "pytorch-ddp,horovod", "--world-size", "8", "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert all(r["period_s"] >= r["iteration_s"] * 0.99 for r in rows)
+    assert all(r["lower_bound_s"] <= r["period_lower_bound_s"] <= r["period_s"] for r in rows)  # the ranks' bound
     assert main(["compare", str(measured), "--solvers", "horovod", "--rank-model", "none", "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["rows"][0]["period_s"] is None
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["period_s"] is None and row["period_lower_bound_s"] is None
 
 
 @pytest.mark.parametrize("args, message", [
