@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def cases_of(rows: list[dict], mode: str) -> list[tuple]:
     """The (model, world size, mode) cases of ``mode`` with bounds (rows before ``bounds_s`` was recorded: none)."""
-    return list(dict.fromkeys((r["model"], r["world_size"], r["mode"]) for r in rows if r["mode"] == mode and "bounds_s" in r))
+    return list(dict.fromkeys((r["model"], r["world_size"], r["mode"]) for r in rows
+                              if r["mode"] == mode and "bounds_s" in r))
 
 
 def best_over_bound(rows: list[dict], case: tuple, i: int) -> float:

@@ -84,8 +84,8 @@ class WhatIf:
                      f"{self.predicted_ddp_s * 1e3:.1f} ms) on {self.cluster.describe()}"]
         lines.append(f"  rank model: {self.ranks.describe()}")
         lines += [f"  best {mode:8s} {solver} {t * 1e3:.1f} ms ({self.predicted_ddp_s / t:.3f}x DDP, predicted)"
-                  + (f"; no {mode} plan under {self.bounds[mode] * 1e3:.1f} ms on these ranks" if mode in self.bounds else "")
-                  for mode, (solver, t) in self.best.items()]
+                  + (f"; no {mode} plan under {self.bounds[mode] * 1e3:.1f} ms on these ranks"
+                     if mode in self.bounds else "") for mode, (solver, t) in self.best.items()]
         return "\n".join(lines)
 
 

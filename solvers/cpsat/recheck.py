@@ -67,7 +67,7 @@ def on_ranks(problem: Problem, plan: Plan, candidates: list[tuple[float, Plan]],
         "rank_exhaustive": exhaustive, "rank_period_s": best_period,
         "rank_bound_s": rank_lower_bound(problem, best.order, problem.rank_model),
     }
-    if plan.solver.bound_s:  # the one-rank bound holds on the ranks too (the module docstring): the kept plan's gap there
+    if plan.solver.bound_s:  # the one-rank bound holds on the ranks too (the module docstring)
         record["rank_gap"] = best_period / max(plan.solver.bound_s, record["rank_bound_s"]) - 1
     info = replace(plan.solver, objective_s=one_rank_s if k else plan.solver.objective_s,
                    stats={**plan.solver.stats, **record})
