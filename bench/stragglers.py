@@ -41,7 +41,7 @@ from schedopt import Cluster, Problem
 from schedopt.cluster import PRESETS
 from schedopt.errors import SolverError
 from schedopt.orders import engine_order
-from schedopt.rank_bound import rank_lower_bound
+from schedopt.rank_bound import bound_on_ranks
 from schedopt.ranks import RankModel, simulate_ranks
 from schedopt.solvers import get, solvers_for
 
@@ -128,8 +128,8 @@ def case_rows(problem: Problem, spreads: list[tuple[float, float]], *, time_limi
     baseline = BASELINES.get(problem.mode, "pytorch-ddp")
     base = periods[baseline]
     # no plan in the engine's order (every plan here) is faster, on one rank and on each spread's ranks
-    one, order = plans[baseline].predicted.lower_bound_s, engine_order(problem.graph)
-    bounds = [max(one, rank_lower_bound(problem, order, m)) for m in [RankModel(ranks=ranks), *models]]
+    order = engine_order(problem.graph)
+    bounds = [bound_on_ranks(problem, order, m) for m in [RankModel(ranks=ranks), *models]]
     return [{"solver": name, "baseline": baseline, "periods_s": p, "speedup": [d / t for d, t in zip(base, p)],
              "change": [(d / t) / (base[0] / p[0]) - 1 for d, t in zip(base[1:], p[1:])], "rank_model_s": took[name],
              "bounds_s": bounds}

@@ -38,8 +38,9 @@ from .errors import UnitError
 from .problem import Problem
 from .ranks import RankModel, lognormal_sigma
 from .shard_sim import running_bytes
+from .simulate import lower_bound
 
-__all__ = ["rank_lower_bound"]
+__all__ = ["rank_lower_bound", "bound_on_ranks"]
 
 #: draws of the step factors behind the expected maximum over the ranks; fewer where the ranks are many
 #: (at most _MAX_DRAWS numbers: the maximum of many ranks varies little from draw to draw)
@@ -72,6 +73,12 @@ def rank_lower_bound(problem: Problem, order: Sequence[str], model: RankModel, *
     cycles = [cluster.allreduce_s(graph.params[name].nbytes) + slowest * (prefix[g + 1] - prefix[first_read[name]])
               for name, g in grad.items() if first_read.get(name, g + 1) <= g]
     return max(cycles, default=0.0) / (2 if problem.mode == "osp" else 1)
+
+
+def bound_on_ranks(problem: Problem, order: Sequence[str], model: RankModel) -> float:
+    """What no plan of ``problem`` in ``order`` beats on ``model``'s ranks, in expectation: the larger of the
+    one-rank lower bound (:func:`.simulate.lower_bound`, which holds there too) and :func:`rank_lower_bound`."""
+    return max(lower_bound(problem), rank_lower_bound(problem, order, model))
 
 
 def _slowest(model: RankModel, groups: int, samples: int) -> float:

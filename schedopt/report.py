@@ -216,13 +216,13 @@ def compare(
 
 def _on_ranks(problem: Problem, plan: Plan) -> dict[str, float | None]:
     """``plan``'s period on ``problem``'s rank model and the bound on it for its op order (None without one)."""
-    from .rank_bound import rank_lower_bound
+    from .rank_bound import bound_on_ranks
     from .ranks import period
 
     if problem.rank_model is None:
         return {"period_s": None, "period_bound_s": None}
-    bound = rank_lower_bound(problem, plan.order, problem.rank_model)
-    return {"period_s": period(problem, plan), "period_bound_s": max(plan.predicted.lower_bound_s, bound)}
+    return {"period_s": period(problem, plan),
+            "period_bound_s": bound_on_ranks(problem, plan.order, problem.rank_model)}
 
 
 def _fsdp_iteration_s(problem: Problem, plans: dict[str, Plan], failed: dict[str, str], seed: int) -> float | None:

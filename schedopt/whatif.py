@@ -36,7 +36,7 @@ from .graph import TrainGraph
 from .plan import Plan, validate
 from .problem import Problem
 from .orders import engine_order
-from .rank_bound import rank_lower_bound
+from .rank_bound import bound_on_ranks
 from .ranks import RankModel, simulate_ranks
 
 __all__ = ["WhatIf", "what_plans_gain", "cluster_from_trace", "rank_model", "check_replicated", "measured_step_s",
@@ -192,7 +192,6 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
         period = simulate_ranks(applied_problem(applied, graph, cluster), applied, ranks).period
         traced = (applied.solver.name, applied.mode, period)
     best: dict[str, tuple[str, float]] = {}
-    bounds: dict[str, float] = {}
     for mode, name in map(str.split, progress([f"{mode} {name}" for mode in MODES for name in solvers_for(mode)])):
         problem = Problem(graph=graph, cluster=cluster, mode=mode)
         try:
@@ -202,7 +201,8 @@ def what_plans_gain(report: Diagnosis, graph: TrainGraph, cluster: Cluster | Non
         t = simulate_ranks(problem, plan, ranks).period
         if mode not in best or t < best[mode][1]:
             best[mode] = (name, t)
-        if mode not in bounds:  # the same for every plan of the mode in the engine's order (the traced one)
-            bounds[mode] = max(plan.predicted.lower_bound_s, rank_lower_bound(problem, engine_order(graph), ranks))
+    # per mode, the same for every plan in the engine's order (the traced one)
+    bounds = {mode: bound_on_ranks(Problem(graph=graph, cluster=cluster, mode=mode), engine_order(graph), ranks)
+              for mode in best}
     return WhatIf(measured_s=measured, predicted_ddp_s=ddp, cluster=cluster, best=best, ranks=ranks, applied=traced,
                   bounds=bounds)

@@ -96,9 +96,8 @@ def _simulate_summary(graph: Any, plan: Plan, problem: Problem, timeline: Any) -
 def _rank_run(args: argparse.Namespace, problem: Problem, plan: Plan) -> dict[str, Any] | None:
     """The period on the rank model (``schedopt.ranks``) with ``--op-spread`` / ``--step-spread``, each
     as the graph's costs were measured to vary where not given; None where nothing varies."""
-    from ..rank_bound import rank_lower_bound
+    from ..rank_bound import bound_on_ranks
     from ..ranks import RankModel, simulate_ranks
-    from ..simulate import simulate
 
     ranks = args.ranks or problem.cluster.world_size
     measured = RankModel.measured(problem.graph, ranks)
@@ -108,9 +107,8 @@ def _rank_run(args: argparse.Namespace, problem: Problem, plan: Plan) -> dict[st
         return None
     model = RankModel(ranks=ranks, op_spread=op, step_spread=step, seed=args.seed)
     run = simulate_ranks(problem, plan, model)
-    bound = max(simulate(problem, plan).lower_bound_s, rank_lower_bound(problem, plan.order, model))
     return {**model.to_json(), "period_s": run.period, "steps": run.steps, "stable": run.stable,
-            "lower_bound_s": bound, "describe": model.describe()}
+            "lower_bound_s": bound_on_ranks(problem, plan.order, model), "describe": model.describe()}
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
